@@ -1,0 +1,140 @@
+"""Shared plumbing for text games: untrusted action text, step budget, the `info` contract.
+
+A game subclasses :class:`TextGameEnv` and fills in five hooks. Everything a language model can
+get wrong (non-string, empty, huge, unicode, odd case or spacing) is absorbed here or in the
+game's ``_parse``: it becomes an invalid action handled by the game's own rule, never an
+exception.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+from gymnasium.spaces import Text
+
+MAX_ACTION_CHARS = 256
+"""Longer action text is cut before parsing: no command of any game is this long."""
+
+MAX_OBSERVATION_CHARS = 1 << 16
+TEXT_CHARSET = frozenset(string.printable) | frozenset("√")
+
+
+@dataclass(frozen=True)
+class Transition:
+    """What one game move did; the base class turns it into Gymnasium's step tuple."""
+
+    reward: float
+    valid: bool
+    effective: bool
+    terminated: bool = False
+    success: bool = False
+
+
+def normalize_action(action: Any) -> str:
+    """Any action object -> lower-case text with single spaces, at most MAX_ACTION_CHARS long."""
+    if not isinstance(action, str):
+        action = "" if action is None else str(action)
+    return " ".join(action[:MAX_ACTION_CHARS].split()).lower()
+
+
+class TextGameEnv(gymnasium.Env):
+    """A Gymnasium env whose observations and actions are text.
+
+    Subclasses implement:
+
+    - ``_new_game()``: build the initial state from ``self.np_random`` (the only randomness).
+    - ``_step(action)``: apply a *normalized* action text and return a :class:`Transition`;
+      unparseable or illegal text follows the game's rule and comes back with ``valid=False``.
+    - ``valid_actions()``: the legal action strings in the current state.
+    - ``oracle_plan()``: actions that solve the game from the current state (``None`` if none).
+    - ``render()``: the current state as text.
+
+    Episodes are truncated after ``max_steps`` actions (``truncated=True``, never ``terminated``),
+    so bootstrapping can tell a time limit from a solved or lost game.
+    """
+
+    metadata = {"render_modes": ["ansi"]}
+    rules: str = ""
+    """Goal, actions and symbols in a few lines: shown to people and to agents."""
+
+    def __init__(self, max_steps: int = 100, render_mode: str | None = "ansi"):
+        if not isinstance(max_steps, int) or max_steps < 1:
+            raise ValueError(f"max_steps must be a positive integer, got {max_steps!r}")
+        if render_mode not in (None, "ansi"):
+            raise ValueError(f"render_mode must be 'ansi' or None, got {render_mode!r}")
+        self.max_steps = max_steps
+        self.render_mode = render_mode
+        self.action_space = Text(MAX_ACTION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.observation_space = Text(MAX_OBSERVATION_CHARS, min_length=0, charset=TEXT_CHARSET)
+        self.num_steps = 0
+        self.done = False
+        self.success = False
+
+    # -- Gymnasium API -------------------------------------------------------------------------
+    def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
+        super().reset(seed=seed)
+        self.num_steps = 0
+        self.done = False
+        self.success = False
+        self._new_game()
+        return self._observation(), self._info(valid=True, effective=False)
+
+    def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
+        if self.done:
+            # Past the end: a no-op, so a caller that keeps stepping gets no reward and no crash.
+            return self._observation(), 0.0, True, False, self._info(valid=False, effective=False)
+        move = self._step(normalize_action(action))
+        self.num_steps += 1
+        self.success = self.success or move.success
+        truncated = not move.terminated and self.num_steps >= self.max_steps
+        self.done = move.terminated or truncated
+        info = self._info(valid=move.valid, effective=move.effective)
+        return self._observation(), float(move.reward), move.terminated, truncated, info
+
+    def render(self) -> str:
+        raise NotImplementedError
+
+    # -- game hooks ----------------------------------------------------------------------------
+    def _new_game(self) -> None:
+        raise NotImplementedError
+
+    def _step(self, action: str) -> Transition:
+        raise NotImplementedError
+
+    def valid_actions(self) -> list[str]:
+        raise NotImplementedError
+
+    def oracle_plan(self) -> list[str] | None:
+        raise NotImplementedError
+
+    def _observation(self) -> str:
+        """The text an agent sees; the board by default."""
+        return self.render()
+
+    def _info(self, valid: bool, effective: bool) -> dict:
+        return {
+            "success": self.success,
+            "action_is_valid": valid,
+            "action_is_effective": effective,
+            "num_steps": self.num_steps,
+        }
+
+
+def seeded_child(rng, high: int = 2**31 - 1) -> int:
+    """A seed drawn from an env's generator, for libraries that want an int seed."""
+    return int(rng.integers(0, high))
+
+
+def resolve_preset(game: str, presets: dict[str, dict], name: str, **overrides: Any) -> dict:
+    """A preset's settings with explicit (non-None) keyword arguments laid over them."""
+    if name not in presets:
+        raise ValueError(f"{game}: unknown preset={name!r}; allowed: {sorted(presets)}")
+    settings = dict(presets[name])
+    unknown = set(overrides) - set(settings)
+    if unknown:
+        raise ValueError(f"{game}: unknown option(s) {sorted(unknown)}; allowed: {sorted(settings)}")
+    settings.update({key: value for key, value in overrides.items() if value is not None})
+    return settings
