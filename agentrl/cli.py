@@ -1,0 +1,41 @@
+"""The `agentrl` command: one sub-command per job.
+
+    agentrl play sokoban --seed 3          # play a game in the terminal
+    agentrl play tetris --oracle           # watch the oracle solve one
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agentrl import __version__, play
+
+COMMANDS = {
+    "play": (play, "play a game in the terminal, or watch the oracle solve it"),
+}
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.splitlines()[0])
+    parser.add_argument("--version", action="version", version=f"agentrl {__version__}")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    for name, (module, summary) in COMMANDS.items():
+        sub = commands.add_parser(name, help=summary, description=module.__doc__,
+                                  formatter_class=argparse.RawDescriptionHelpFormatter)
+        module.add_arguments(sub)
+        sub.set_defaults(run=module.run)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.run(args)
+    except ValueError as error:  # bad options (unknown preset, bad setting): say which, no traceback
+        parser.error(str(error))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

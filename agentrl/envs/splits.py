@@ -1,0 +1,62 @@
+"""Which seeds and game variants are for training and which are held out.
+
+Seeds: every split owns a disjoint range, so a held-out episode never shares its seed (and hence
+its generated room, piece sequence, blocks instance or TextWorld game) with a training episode.
+Variants: each game has training presets and harder held-out presets (bigger boards, more
+boxes, more blocks, longer quests) that training never sees.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SEED_RANGES: dict[str, range] = {
+    "train": range(0, 1_000_000),
+    "val": range(1_000_000, 2_000_000),
+    "test": range(2_000_000, 3_000_000),
+}
+
+
+def split_seeds(split: str, count: int, offset: int = 0) -> list[int]:
+    """``count`` consecutive seeds of ``split``, starting ``offset`` seeds into its range."""
+    if split not in SEED_RANGES:
+        raise ValueError(f"unknown split={split!r}; allowed: {sorted(SEED_RANGES)}")
+    seeds = SEED_RANGES[split]
+    if count < 0 or offset < 0 or offset + count > len(seeds):
+        raise ValueError(f"split {split!r} has {len(seeds)} seeds; asked for {count} from {offset}")
+    return list(seeds[offset : offset + count])
+
+
+def split_of(seed: int) -> str:
+    for split, seeds in SEED_RANGES.items():
+        if seed in seeds:
+            return split
+    raise ValueError(f"seed {seed} is in no split; ranges: {SEED_RANGES}")
+
+
+@dataclass(frozen=True)
+class Variant:
+    game: str
+    preset: str
+    held_out: bool
+    why: str = ""
+
+
+VARIANTS: tuple[Variant, ...] = (
+    Variant("Sokoban", "6x6", False),
+    Variant("Sokoban", "8x8", False),
+    Variant("Sokoban", "8x8-2boxes", True, "bigger room and a second box"),
+    Variant("Tetris", "3x3-type1", False),
+    Variant("Tetris", "4x4-type1", True, "bigger board"),
+    Variant("Tetris", "3x3-type2", True, "two piece types"),
+    Variant("Tetris", "4x4-type2", True, "bigger board and two piece types"),
+    Variant("BlocksWorld", "text", False),
+    Variant("BlocksWorld", "1d", False),
+    Variant("BlocksWorld", "2d", False),
+    Variant("BlocksWorld", "text-5", True, "five blocks"),
+    Variant("BlocksWorld", "1d-5", True, "five blocks"),
+    Variant("BlocksWorld", "2d-5", True, "five blocks"),
+    Variant("TextWorld", "easy", False),
+    Variant("TextWorld", "medium", True, "more rooms and objects, longer quest"),
+    Variant("TextWorld", "hard", True, "larger world, longest quest"),
+)

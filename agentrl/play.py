@@ -1,0 +1,80 @@
+"""`agentrl play GAME`: a person plays a game in the terminal, or watches the oracle solve it.
+
+    agentrl play sokoban --seed 3
+    agentrl play tetris --preset 4x4-type2 --oracle
+
+Type an action per line (`help` lists them, `quit` or end of input stops).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+import gymnasium
+
+from agentrl.envs import GAMES, env_id
+
+QUIT = {"quit", "exit", "q"}
+
+
+def game_name(text: str) -> str:
+    """Case-insensitive game lookup: 'sokoban' -> 'Sokoban'."""
+    for game in GAMES:
+        if game.lower() == text.lower():
+            return game
+    raise argparse.ArgumentTypeError(f"unknown game {text!r}; allowed: {', '.join(GAMES)}")
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("game", type=game_name, help=f"one of: {', '.join(GAMES)} (any case)")
+    parser.add_argument("--seed", type=int, default=0, help="episode seed (default 0)")
+    parser.add_argument("--preset", default=None, help="game preset (default: the game's own)")
+    parser.add_argument("--oracle", action="store_true", help="watch the oracle solve the game")
+    parser.add_argument("--delay", type=float, default=0.0, help="seconds between oracle moves")
+
+
+def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
+    kwargs = {} if args.preset is None else {"preset": args.preset}
+    env = gymnasium.make(env_id(args.game), **kwargs)
+    game = env.unwrapped
+    obs, info = env.reset(seed=args.seed)
+    say = lambda text="": print(text, file=out, flush=True)  # noqa: E731
+    say(f"== {args.game} (seed {args.seed}) ==")
+    say(game.rules)
+    say()
+    say(obs)
+    plan = iter(game.oracle_plan() or []) if args.oracle else None
+    total, done = 0.0, False
+    while not done:
+        say(f"valid actions: {', '.join(game.valid_actions())}")
+        action = _next_action(plan, stdin, out)
+        if action is None:
+            break
+        if action.strip().lower() == "help":
+            say(game.rules)
+            continue
+        obs, reward, terminated, truncated, info = env.step(action)
+        total += reward
+        done = terminated or truncated
+        validity = "valid" if info["action_is_valid"] else "INVALID"
+        say(f"> {action}   reward {reward:+.2f} ({validity}), return {total:+.2f}")
+        say(obs)
+        if args.oracle and args.delay:
+            time.sleep(args.delay)
+    outcome = "SOLVED" if info["success"] else ("over" if done else "stopped")
+    say(f"== {outcome}: success={info['success']} return={total:+.2f} steps={info['num_steps']} ==")
+    env.close()
+    return 0
+
+
+def _next_action(plan, stdin, out) -> str | None:
+    """The oracle's next move, or a line typed by the player (None: stop)."""
+    if plan is not None:
+        return next(plan, None)
+    print("action> ", end="", flush=True, file=out)
+    line = stdin.readline()
+    if not line or line.strip().lower() in QUIT:
+        return None
+    return line.rstrip("\n")

@@ -1,0 +1,57 @@
+"""`agentrl play` driven through standard input, as a person would play."""
+
+import subprocess
+import sys
+
+import gymnasium
+import pytest
+
+from agentrl.envs import GAMES, env_id
+
+
+def agentrl(*args: str, stdin: str = "") -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-m", "agentrl.cli", *args], input=stdin, capture_output=True, text=True
+    )
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_person_solves_by_typing_the_oracle_moves(game):
+    env = gymnasium.make(env_id(game))
+    env.reset(seed=3)
+    plan = env.unwrapped.oracle_plan()
+    typed = "help\n" + "\n".join(action.upper() for action in plan) + "\n"
+    result = agentrl("play", game.lower(), "--seed", "3", stdin=typed)
+    assert result.returncode == 0, result.stderr
+    assert "valid actions:" in result.stdout
+    assert result.stdout.count("action> ") == len(plan) + 1  # one prompt per line typed
+    assert "== SOLVED: success=True" in result.stdout
+
+
+@pytest.mark.parametrize("game", GAMES)
+def test_oracle_mode_solves(game):
+    result = agentrl("play", game, "--seed", "5", "--oracle")
+    assert result.returncode == 0, result.stderr
+    assert "== SOLVED: success=True" in result.stdout
+
+
+def test_nonsense_input_then_end_of_input_stops_cleanly():
+    result = agentrl("play", "sokoban", stdin="jump!!\n\n🤖\n")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("(INVALID)") == 3
+    assert "== stopped: success=False" in result.stdout
+
+
+def test_quit_stops():
+    result = agentrl("play", "tetris", stdin="quit\nLeft\n")
+    assert "== stopped" in result.stdout and "> Left" not in result.stdout
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [(["chess"], "unknown game 'chess'"), (["sokoban", "--preset", "9x9"], "unknown preset='9x9'")],
+)
+def test_bad_arguments_fail_with_a_message(args, message):
+    result = agentrl("play", *args)
+    assert result.returncode == 2
+    assert message in result.stderr and "Traceback" not in result.stderr
