@@ -42,11 +42,14 @@ BOX_ON_TARGET_REWARD = 1.0
 BOX_OFF_TARGET_PENALTY = -1.0
 FINISHED_REWARD = 10.0
 
-MOVES: dict[str, tuple[int, int]] = {"Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1)}
+MOVES: dict[str, tuple[int, int]] = {
+    "Up": (-1, 0), "Down": (1, 0), "Left": (0, -1), "Right": (0, 1),
+}
 """Canonical action -> (row, column) change, in gym-sokoban's order."""
-_MOVE_BY_TEXT = {name.lower(): (name, delta) for name, delta in MOVES.items()}
+_DELTA_BY_TEXT = {name.lower(): delta for name, delta in MOVES.items()}
 
-WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET = "#", "_", "O", "X", "√", "P", "S"
+WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET = "#", "_", "O", "X", "√"
+PLAYER, PLAYER_ON_TARGET = "P", "S"
 SYMBOLS = (WALL, FLOOR, TARGET, BOX, BOX_ON_TARGET, PLAYER, PLAYER_ON_TARGET)
 
 Cell = tuple[int, int]
@@ -101,7 +104,7 @@ def solved(level: Level, boxes: frozenset[Cell]) -> bool:
 # -- gym-sokoban's generator -------------------------------------------------------------------
 @cache
 def room_utils() -> ModuleType:
-    """gym_sokoban/envs/room_utils.py alone: the package __init__ needs old gym and pkg_resources."""
+    """gym_sokoban/envs/room_utils.py alone: the package's __init__ needs old gym, pkg_resources."""
     spec = importlib.util.find_spec("gym_sokoban")
     if spec is None or not spec.submodule_search_locations:
         raise ImportError("SokobanEnv needs gym-sokoban: pip install gym-sokoban==0.0.6")
@@ -201,7 +204,7 @@ def symbol(level: Level, player: Cell, boxes: frozenset[Cell], cell: Cell) -> st
 
 
 def parse_board(text: str) -> tuple[Level, State]:
-    """A board in the legend (as ``render`` writes it) -> level and state; ValueError if malformed."""
+    """A board in the legend (as ``render`` writes it) -> level and state; ValueError if bad."""
     rows = [line.strip() for line in text.strip().splitlines()]
     if not rows or any(len(row) != len(rows[0]) for row in rows):
         raise ValueError("Sokoban board: rows must be non-empty and of equal length")
@@ -209,7 +212,10 @@ def parse_board(text: str) -> tuple[Level, State]:
     unknown = set(grid.values()) - set(SYMBOLS)
     if unknown:
         raise ValueError(f"Sokoban board: unknown symbol(s) {sorted(unknown)}; allowed: {SYMBOLS}")
-    of = lambda *kinds: frozenset(cell for cell, ch in grid.items() if ch in kinds)  # noqa: E731
+
+    def of(*kinds: str) -> frozenset[Cell]:
+        return frozenset(cell for cell, ch in grid.items() if ch in kinds)
+
     players = of(PLAYER, PLAYER_ON_TARGET)
     boxes = of(BOX, BOX_ON_TARGET)
     targets = of(TARGET, BOX_ON_TARGET, PLAYER_ON_TARGET)
@@ -239,7 +245,8 @@ class SokobanEnv(TextGameEnv):
     ## Starting state
     gym-sokoban's generator: a random-walk room topology, then the player and boxes placed on
     targets and pulled backwards by a depth-first reverse play of at most ``search_depth`` moves;
-    the room whose boxes moved farthest (all off their targets) is the start, so it is solvable.
+    the best-scoring pulled state (pulls x box displacement, every box off its target) is the
+    start, so every room is solvable and none starts solved.
     A room the generator rejects (score 0, too little floor) is redrawn from a seed taken from
     ``np_random``, up to ``MAX_GENERATION_ATTEMPTS`` times, then reset raises RuntimeError.
     ``SokobanEnv.from_board(text)`` starts from a given board instead.
@@ -324,10 +331,10 @@ class SokobanEnv(TextGameEnv):
         )
 
     def _step(self, action: str) -> Transition:
-        move = _MOVE_BY_TEXT.get(action)
+        delta = _DELTA_BY_TEXT.get(action)
         before = self.state
-        if move is not None:
-            self.state = push(self.level, before, move[1])
+        if delta is not None:
+            self.state = push(self.level, before, delta)
         on_before = len(before[1] & self.level.targets)
         on_after = len(self.state[1] & self.level.targets)
         reward = STEP_PENALTY
@@ -338,7 +345,7 @@ class SokobanEnv(TextGameEnv):
         done = solved(self.level, self.state[1])
         if done:
             reward += FINISHED_REWARD
-        return Transition(reward=reward, valid=move is not None, effective=self.state != before,
+        return Transition(reward=reward, valid=delta is not None, effective=self.state != before,
                           terminated=done, success=done)
 
     def valid_actions(self) -> list[str]:
@@ -367,7 +374,8 @@ def _int_in(key: str, value, low: int, high: int | None = None) -> int:
         number = operator.index(value)
     except TypeError:
         number = None
-    if number is None or isinstance(value, bool) or number < low or (high is not None and number > high):
+    too_high = high is not None and number is not None and number > high
+    if number is None or isinstance(value, bool) or number < low or too_high:
         raise ValueError(f"Sokoban: {key} must be {allowed}, got {value!r}")
     return number
 

@@ -77,6 +77,8 @@ class Game:
     width: int
     height: int
     pieces: tuple[str, ...]
+    columns: tuple[int, ...] = ()
+    """Spawn column of each piece's left cell; centred for pieces past its end."""
 
     def cells(self, piece: str, row: int, col: int) -> int | None:
         """Bit mask of ``piece`` with its top-left cell at (row, col); ``None`` if off the board."""
@@ -93,13 +95,14 @@ class Game:
         return mask is not None and not board & mask
 
     def spawn(self, board: int, index: int) -> State:
-        """Piece ``index`` at the top, centred (left of centre when it cannot be exactly).
+        """Piece ``index`` at the top, in its drawn column (centred when none was drawn).
 
         Game over (``row=None``) when a spawn cell holds a locked block or the sequence ran out.
         """
         if index < len(self.pieces):
             piece = self.pieces[index]
-            col = (self.width - piece_width(piece)) // 2
+            centred = (self.width - piece_width(piece)) // 2
+            col = self.columns[index] if index < len(self.columns) else centred
             if self.fits(board, piece, 0, col):
                 return State(board, index, 0, col)
         return State(board, index, None, None)
@@ -185,25 +188,40 @@ def draw_kit(rng: np.random.Generator, width: int, kinds: tuple[str, ...]) -> tu
     return tuple(kit)
 
 
-def draw_pieces(rng: np.random.Generator, width: int, height: int, box_type: int,
-                count: int) -> tuple[str, ...]:
+def draw_columns(rng: np.random.Generator, width: int, pieces: Sequence[str]) -> tuple[int, ...]:
+    """A spawn column per piece, uniform over the columns where it fits: the seed's variety."""
+    return tuple(int(rng.integers(width - piece_width(piece) + 1)) for piece in pieces)
+
+
+def draw_game(rng: np.random.Generator, width: int, height: int, box_type: int,
+              count: int) -> Game:
     """``count`` pieces as consecutive kits; the first kit alone provably clears a row.
 
     A random sequence can be hopeless (only 1x2 pieces never fill an odd row), so the first kit
-    is checked with the oracle's own search, restricted to the kit's pieces, and redrawn if it
-    fails; after MAX_KIT_DRAWS failures it becomes single blocks, which always fill a row.
+    is checked with the oracle's own search, restricted to the kit's pieces (single blocks need
+    no check), and redrawn if it fails; after MAX_KIT_DRAWS failures it becomes single blocks,
+    which always fill a row.
     """
     kinds = PIECES_BY_BOX_TYPE[box_type]
-    first = None
+    first = Game(width, height, ("1x1",) * width, draw_columns(rng, width, ("1x1",) * width))
     for _ in range(MAX_KIT_DRAWS):
         kit = draw_kit(rng, width, kinds)
-        if plan(Game(width, height, kit), Game(width, height, kit).start()) is not None:
-            first = kit
+        columns = draw_columns(rng, width, kit)
+        if set(kit) == {"1x1"} or kit_clears_row(width, height, kit, columns):
+            first = Game(width, height, kit, columns)
             break
-    pieces = list(first or ("1x1",) * width)
+    pieces, columns = list(first.pieces), list(first.columns)
     while len(pieces) < count:
-        pieces.extend(draw_kit(rng, width, kinds))
-    return tuple(pieces[:max(count, len(first or ()))])
+        kit = draw_kit(rng, width, kinds)
+        pieces.extend(kit)
+        columns.extend(draw_columns(rng, width, kit))
+    return Game(width, height, tuple(pieces), tuple(columns))
+
+
+def kit_clears_row(width: int, height: int, kit: tuple[str, ...],
+                   columns: tuple[int, ...] = ()) -> bool:
+    game = Game(width, height, kit, columns)
+    return plan(game, game.start()) is not None
 
 
 class TetrisEnv(TextGameEnv):
@@ -224,11 +242,11 @@ class TetrisEnv(TextGameEnv):
     The board, top row first: ``_`` empty, ``#`` locked block, ``X`` the falling piece.
 
     ## Starting state
-    An empty board and the first piece at the top. A new piece enters at row 0 with its left
-    column at ``(dim_x - piece width) // 2`` (centred, left of centre on even boards). The piece
-    sequence is drawn from the seed at reset (``max_steps + 1`` pieces, enough for any
-    episode) as *kits*: runs of pieces whose widths add up to one row. The first kit is checked
-    by search to clear a row on its own, so every game can be won.
+    An empty board and the first piece at the top. The piece sequence and each piece's spawn
+    column (uniform over where it fits) are drawn from the seed at reset (``max_steps + 1``
+    pieces, enough for any episode) as *kits*: runs of pieces whose widths add up to one row.
+    The first kit is checked by search to clear a row on its own, so every game can be won.
+    Spawn columns make seeds differ even when every piece is a 1x1 block (``box_type=1``).
 
     ## Rewards
     -0.1 per action (invalid ones too), +10 per cleared row.
@@ -302,9 +320,8 @@ class TetrisEnv(TextGameEnv):
         return env
 
     def _new_game(self) -> None:
-        pieces = draw_pieces(self.np_random, self.dim_x, self.dim_y, self.box_type,
-                             self.max_steps + 1)
-        self.game = Game(self.dim_x, self.dim_y, pieces)
+        self.game = draw_game(self.np_random, self.dim_x, self.dim_y, self.box_type,
+                              self.max_steps + 1)
         self.state = self.game.start()
 
     def _step(self, action: str) -> Transition:
