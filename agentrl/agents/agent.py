@@ -1,0 +1,300 @@
+"""One agent for every game: game state in, chat messages out; model reply in, env steps out.
+
+    >>> from agentrl.agents import Agent, load_agent_presets
+    >>> agent = Agent(load_agent_presets()["simpleSokobanAgent"])
+    >>> messages = agent.reset(seed=0)               # system + first user message
+    >>> result = agent.step(agent.oracle_response())  # any reply text, e.g. a model's
+    >>> messages += [{"role": "assistant", "content": "..."}, *result.messages]
+
+An episode, turn by turn:
+
+1. ``reset(seed)``: the system prompt, then one user message with the preset's instructions,
+   the game's ``rules``, the answer format, the limits and the initial state.
+2. ``step(reply)``: the reply is parsed (:mod:`agentrl.agents.parsing`).
+   - Bad format: reward = ``format_penalty``, no env step, the turn is used up.
+   - Good format: at most ``max_actions_per_turn`` actions (the rest are dropped), and no more
+     than the actions left of ``max_actions_all_turns``, run in order until the game ends.
+     Reward = the sum of the env's rewards for them. Invalid actions are the game's business
+     (its own penalty) and are counted, not rejected here.
+   - The episode ends when the game terminates or truncates, after ``max_turns`` replies, or
+     when the all-turns action budget is spent. Otherwise ``TurnResult.messages`` holds the
+     next user message: what happened and the reward, the turn and actions left, the new state.
+   The caller appends its own assistant message (or response tokens) before those: ``step``
+   never repeats the reply back.
+3. ``history(messages)``: the chat cut to the preset's ``history_window`` (see
+   :func:`apply_history_window`).
+
+Games differ only by data: ``GAME_SPECS`` (format examples, how the state is labelled). The
+game's own text (``rules``, observations) comes from the env.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+from typing import Any
+
+import gymnasium
+import numpy as np
+
+from agentrl.agents.config import AgentConfig
+from agentrl.agents.parsing import ParsedResponse, format_response, parse_response
+from agentrl.envs import env_id
+
+MAX_ECHO_CHARS = 60
+"""An action quoted back in feedback is cut to this many characters (a model may send junk)."""
+ORACLE_THINK = "I follow the known solution."
+RANDOM_THINK = "I pick random legal actions."
+
+
+@dataclass(frozen=True)
+class GameSpec:
+    """What the agent layer needs to know about a game beyond its env."""
+
+    example_actions: tuple[str, ...]
+    """Actions shown in the answer-format example (cut to ``max_actions_per_turn``)."""
+    state_label: str
+    """Heading put before each observation ('' when the observation carries its own)."""
+
+
+GAME_SPECS: dict[str, GameSpec] = {
+    "Sokoban": GameSpec(("Right", "Right", "Up"), "Room:"),
+    "Tetris": GameSpec(("Left", "Down", "Down"), "Board:"),
+    "BlocksWorld": GameSpec(("move 2 to 0", "move 1 to 2"), ""),  # "Current state: ... Goal..."
+    "TextWorld": GameSpec(("open box", "take key from box"), ""),  # "Goal: ... Admissible..."
+}
+
+
+@dataclass(frozen=True)
+class TurnResult:
+    """What one reply did. Counts are for this turn only."""
+
+    messages: list[dict]
+    """New messages for the next turn (one user message); empty when the episode is over."""
+    reward: float
+    """Sum of the env rewards of the actions run, or ``format_penalty`` for a bad format."""
+    done: bool
+    """The episode is over: game ended, ``max_turns`` replies, or the action budget spent."""
+    success: bool
+    """The game was won (so far, in this episode)."""
+    format_ok: bool
+    """The reply followed the answer format."""
+    num_actions: int
+    """Actions run in the env this turn."""
+    num_valid_actions: int
+    """Of those, the ones the game accepted (``action_is_valid``)."""
+    num_effective_actions: int
+    """Of those, the ones that changed the game state (``action_is_effective``)."""
+    dropped_actions: int
+    """Actions in the reply that were not run: over the per-turn limit, over the episode's
+    budget, or after the game ended."""
+    info: dict
+    """JSON-able details: ``turn``, ``actions_left``, ``terminated`` (the game itself ended:
+    solved or lost, vs. a limit), ``truncated``, ``format_error``, ``actions`` (run),
+    ``invalid_actions``, ``dropped_over_turn_limit``, ``episode_return``."""
+
+
+class Agent:
+    """Plays one game by a preset's rules; one episode at a time (``reset`` starts the next).
+
+    Attributes: ``config``, ``spec`` (the game's :class:`GameSpec`), ``env`` (the Gymnasium env:
+    ``env.unwrapped.oracle_plan()`` and ``valid_actions()`` for scripted policies), and the
+    episode's ``turn``, ``actions_used``, ``done``, ``success``, ``episode_return``.
+    """
+
+    def __init__(self, config: AgentConfig):
+        self.config = config
+        self.spec = GAME_SPECS[config.game]
+        self.env = gymnasium.make(env_id(config.game), **config.env_kwargs)
+        self.turn = 0
+        self.actions_used = 0
+        self.done = True  # until reset
+        self.success = False
+        self.episode_return = 0.0
+        self._observation = ""
+
+    @property
+    def actions_left(self) -> int:
+        return max(0, self.config.max_actions_all_turns - self.actions_used)
+
+    # -- the episode -------------------------------------------------------------------------------
+    def reset(self, seed: int | None = None) -> list[dict]:
+        """Start an episode; returns the chat for turn 1 (system message omitted if empty)."""
+        self._observation, _ = self.env.reset(seed=seed)
+        self.turn, self.actions_used = 0, 0
+        self.done, self.success, self.episode_return = False, False, 0.0
+        messages = []
+        if self.config.system_prompt:
+            messages.append({"role": "system", "content": self.config.system_prompt})
+        content = f"{self.instructions()}\n\n{self._state_text()}"
+        messages.append({"role": "user", "content": content})
+        return messages
+
+    def step(self, response_text: Any) -> TurnResult:
+        """Apply one model reply (any text; a bad one costs ``format_penalty``)."""
+        if self.done:
+            raise RuntimeError("the episode is over (or never started): call reset() first")
+        config = self.config
+        self.turn += 1
+        parsed = parse_response(response_text, enable_think=config.enable_think,
+                                separator=config.action_separator,
+                                max_actions=config.max_actions_per_turn)
+        to_run = parsed.actions[: self.actions_left] if parsed.format_ok else ()
+        run, invalid, reward, valid, effective = [], [], 0.0, 0, 0
+        terminated = truncated = False
+        for action in to_run:
+            self._observation, step_reward, terminated, truncated, info = self.env.step(action)
+            run.append(action)
+            reward += float(step_reward)
+            valid += bool(info["action_is_valid"])
+            effective += bool(info["action_is_effective"])
+            if not info["action_is_valid"]:
+                invalid.append(action)
+            self.success = self.success or bool(info["success"])
+            if terminated or truncated:
+                break
+        self.actions_used += len(run)
+        if not parsed.format_ok:
+            reward = config.format_penalty
+        self.episode_return += reward
+        self.done = (terminated or truncated or self.turn >= config.max_turns
+                     or self.actions_left == 0)
+        dropped = parsed.dropped_actions + len(parsed.actions) - len(run)
+        messages = [] if self.done else [
+            {"role": "user", "content": self._feedback(parsed, run, invalid, reward)}
+        ]
+        info = {
+            "turn": self.turn,
+            "actions_left": self.actions_left,
+            "terminated": bool(terminated),
+            "truncated": self.done and not terminated,
+            "format_error": parsed.error,
+            "actions": run,
+            "invalid_actions": invalid,
+            "dropped_over_turn_limit": parsed.dropped_actions,
+            "episode_return": self.episode_return,
+        }
+        return TurnResult(messages=messages, reward=reward, done=self.done, success=self.success,
+                          format_ok=parsed.format_ok, num_actions=len(run),
+                          num_valid_actions=valid, num_effective_actions=effective,
+                          dropped_actions=dropped, info=info)
+
+    def history(self, messages: list[dict]) -> list[dict]:
+        """The chat cut to this preset's ``history_window`` (see :func:`apply_history_window`)."""
+        return apply_history_window(messages, self.config.history_window)
+
+    # -- prompt text -------------------------------------------------------------------------------
+    def instructions(self) -> str:
+        """The fixed part of the first user message: instructions, rules, format, limits."""
+        config = self.config
+        parts = [config.instructions.strip(), self.env.unwrapped.rules.strip(),
+                 self._format_text(), self._limits_text()]
+        return "\n\n".join(part for part in parts if part)
+
+    def _format_text(self) -> str:
+        config = self.config
+        examples = self.spec.example_actions[: config.max_actions_per_turn]
+        separator = config.action_separator
+        if config.enable_think:
+            example = format_response(examples, separator=separator, think="...")
+            return ("Answer format: first your reasoning inside <think></think>, then your "
+                    f"actions inside <answer></answer>, separated by '{separator}'.\n"
+                    f"Example: {example}")
+        example = format_response(examples, separator=separator)
+        return (f"Answer format: only your actions inside <answer></answer>, separated by "
+                f"'{separator}'.\nExample: {example}")
+
+    def _limits_text(self) -> str:
+        config = self.config
+        return (f"You have {config.max_turns} turns. Each turn you may give up to "
+                f"{config.max_actions_per_turn} actions; the whole game allows "
+                f"{config.max_actions_all_turns}. Actions over these limits are ignored. A reply "
+                f"that breaks the format gets a reward of {config.format_penalty:+.2f} and no "
+                f"action is taken. Replies are cut off after {config.max_response_tokens} tokens.")
+
+    def _state_text(self) -> str:
+        heading = (f"Turn {self.turn + 1} of {self.config.max_turns}; "
+                   f"{self.actions_left} actions left.")
+        label = f"{self.spec.state_label}\n" if self.spec.state_label else ""
+        return f"{heading}\n{label}{self._observation}"
+
+    def _feedback(self, parsed: ParsedResponse, run: list[str], invalid: list[str],
+                  reward: float) -> str:
+        if not parsed.format_ok:
+            lines = [f"Your reply broke the answer format ({parsed.error}); no action was taken. "
+                     f"Reward: {reward:+.2f}."]
+        else:
+            lines = [f"You took {len(run)} action(s): {', '.join(map(_echo, run))}. "
+                     f"Reward: {reward:+.2f}."]
+            if invalid:
+                lines.append(f"Invalid, so nothing happened: {', '.join(map(_echo, invalid))}.")
+            if parsed.dropped_actions:
+                lines.append(f"Ignored {parsed.dropped_actions} action(s) over the limit of "
+                             f"{self.config.max_actions_per_turn} a turn.")
+        return "\n".join(lines) + "\n\n" + self._state_text()
+
+    # -- scripted policies (oracle and random baselines) -----------------------------------------
+    def oracle_response(self) -> str:
+        """A well-formed reply with the next actions of the game's oracle plan.
+
+        Falls back to one legal action when the oracle has no plan (lost or unsolvable).
+        """
+        plan = self.env.unwrapped.oracle_plan() or []
+        actions = plan[: self._actions_this_turn()] or self._legal_actions()[:1]
+        return self._reply(actions, ORACLE_THINK)
+
+    def random_response(self, rng: np.random.Generator | random.Random) -> str:
+        """A well-formed reply of 1..limit actions drawn uniformly from the legal ones."""
+        legal = self._legal_actions()
+        count = 1 + _randint(rng, self._actions_this_turn())
+        return self._reply([legal[_randint(rng, len(legal))] for _ in range(count)], RANDOM_THINK)
+
+    def _actions_this_turn(self) -> int:
+        return max(1, min(self.config.max_actions_per_turn, self.actions_left))
+
+    def _legal_actions(self) -> list[str]:
+        return list(self.env.unwrapped.valid_actions()) or list(self.spec.example_actions)
+
+    def _reply(self, actions: list[str], think: str) -> str:
+        return format_response(actions, separator=self.config.action_separator,
+                               think=think if self.config.enable_think else None)
+
+    def close(self) -> None:
+        self.env.close()
+
+    def __enter__(self) -> Agent:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def apply_history_window(messages: list[dict], window: int) -> list[dict]:
+    """The chat with only the last ``window`` turns after the opening (0 = keep everything).
+
+    Policy: the opening (leading system messages and the first user message, which holds the
+    instructions, rules and initial state) is always kept. After it, a *turn* is an assistant
+    message and the messages that follow it up to the next assistant message (the feedback with
+    the then-current state). The oldest turns are dropped whole, so the last message — the
+    current state — always stays and the model always sees its latest reply and its outcome.
+    Nothing is summarised or marked; the list is a new one, the input is not changed.
+    """
+    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
+    if window <= 0 or first_user is None:
+        return list(messages)
+    opening, rest = messages[: first_user + 1], messages[first_user + 1:]
+    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
+    if len(starts) <= window:
+        return list(messages)
+    return opening + rest[starts[-window]:]
+
+
+def _randint(rng: Any, high: int) -> int:
+    """Uniform in [0, high) from a numpy Generator or a random.Random."""
+    if hasattr(rng, "integers"):
+        return int(rng.integers(high))
+    return rng.randrange(high)
+
+
+def _echo(action: str) -> str:
+    return action if len(action) <= MAX_ECHO_CHARS else action[: MAX_ECHO_CHARS - 3] + "..."

@@ -1,0 +1,217 @@
+"""Agent presets: the settings of one game-playing agent, validated into a frozen dataclass.
+
+Presets live in ``configs/agents.yaml`` (every key is documented there, in its
+``preset_defaults`` block, which is merged under each preset)::
+
+    >>> from agentrl.agents import load_agent_presets
+    >>> presets = load_agent_presets()          # <repo>/configs/agents.yaml
+    >>> presets["simpleSokobanAgent"].max_turns
+    6
+
+The default path is resolved from this file (``<repo>/configs/agents.yaml``), which works for
+the editable install the project uses; a wheel install has no ``configs/`` and must pass
+``path``. Hydra users compose the same file and hand the node to :func:`agent_presets_from_dict`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from agentrl.envs import GAMES
+
+DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "agents.yaml"
+"""``<repo>/configs/agents.yaml``: found from the package, not from the working directory."""
+
+DEFAULTS_KEY = "preset_defaults"
+"""The block merged under every preset. Not ``defaults``: Hydra reserves that key for its
+Defaults List (a mapping there makes composition fail), and this file is composed by Hydra."""
+
+DEFAULT_SYSTEM_PROMPT = (
+    "You are a careful agent playing a text game. Follow the answer format exactly."
+)
+MAX_SEPARATOR_CHARS = 8
+
+
+@dataclass(frozen=True)
+class AgentConfig:
+    """One agent preset. Validated on construction: a bad value raises ValueError naming the
+    key and the allowed values. ``env_kwargs`` is a dict (so instances are not hashable); treat
+    it as read-only."""
+
+    game: str
+    """Which game: a key of ``agentrl.envs.GAMES`` (Sokoban, Tetris, BlocksWorld, TextWorld)."""
+    env_kwargs: dict = field(default_factory=dict)
+    """Passed to ``gymnasium.make("agentrl/<game>-v0", **env_kwargs)``: ``preset`` + overrides."""
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    """The system message of every episode."""
+    instructions: str = ""
+    """Extra text opening the first user message; the game's ``rules`` always follow it."""
+    enable_think: bool = True
+    """Require ``<think>…</think>`` before ``<answer>…</answer>`` (else answer only)."""
+    max_turns: int = 6
+    """Model replies per episode; the episode ends after this many."""
+    max_actions_per_turn: int = 5
+    """Actions run from one reply; extra ones are dropped (and counted)."""
+    max_actions_all_turns: int = 10
+    """Actions run in the whole episode; the episode ends when they are spent."""
+    action_separator: str = "||"
+    """Text between actions in the answer: 1-8 punctuation characters, no '<', '>' or spaces."""
+    format_penalty: float = -0.1
+    """Reward (<= 0) for a reply that breaks the format; no action is run that turn."""
+    history_window: int = 0
+    """Past turns kept in the prompt: 0 = all, K = the last K (instructions always kept)."""
+    max_response_tokens: int = 400
+    """Token limit of one reply (the rollout's sampling ``max_tokens``)."""
+    held_out_of: str | None = None
+    """The training preset (one without ``held_out_of``) this one is the held-out harder twin
+    of; None for a training preset. Checked against the other presets at load time."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.env_kwargs, Mapping):
+            object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))  # a private copy
+        if _is_number(self.format_penalty):
+            object.__setattr__(self, "format_penalty", float(self.format_penalty))
+        for key, (ok, allowed) in RULES.items():
+            value = getattr(self, key)
+            if not ok(value):
+                raise ValueError(f"{key}={value!r} is not allowed; allowed: {allowed}")
+
+
+def _is_int(value: Any, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _is_separator(value: Any) -> bool:
+    return (isinstance(value, str) and 1 <= len(value) <= MAX_SEPARATOR_CHARS
+            and not any(ch.isspace() or ch.isalnum() or ch in "<>" for ch in value))
+
+
+RULES: dict[str, tuple[Any, str]] = {
+    "game": (lambda v: v in GAMES, f"one of {list(GAMES)}"),
+    "env_kwargs": (lambda v: isinstance(v, dict) and all(isinstance(k, str) for k in v),
+                   "a mapping of the game's options: preset plus overrides"),
+    "system_prompt": (lambda v: isinstance(v, str), "a string"),
+    "instructions": (lambda v: isinstance(v, str), "a string ('' for none)"),
+    "enable_think": (lambda v: isinstance(v, bool), "true or false"),
+    "max_turns": (lambda v: _is_int(v, 1), "an integer >= 1"),
+    "max_actions_per_turn": (lambda v: _is_int(v, 1), "an integer >= 1"),
+    "max_actions_all_turns": (lambda v: _is_int(v, 1), "an integer >= 1"),
+    "action_separator": (_is_separator,
+                         f"1-{MAX_SEPARATOR_CHARS} punctuation characters, no '<', '>', letters, "
+                         "digits or spaces (e.g. '||', ';', ',')"),
+    "format_penalty": (lambda v: _is_number(v) and math.isfinite(v) and v <= 0,
+                       "a finite number <= 0"),
+    "history_window": (lambda v: _is_int(v, 0), "an integer >= 0 (0 = all turns)"),
+    "max_response_tokens": (lambda v: _is_int(v, 1), "an integer >= 1"),
+    "held_out_of": (lambda v: v is None or (isinstance(v, str) and bool(v)),
+                    "null or the name of a training preset of the same game"),
+}
+"""Key -> (check, allowed values in words). One entry per field of AgentConfig."""
+
+
+# -- loading ---------------------------------------------------------------------------------------
+def load_agent_presets(path: str | Path | None = None, *,
+                       check_envs: bool = True) -> dict[str, AgentConfig]:
+    """Every preset of an agents YAML file (default: ``DEFAULT_PATH``), by name.
+
+    ``check_envs`` also builds each preset's game once (no reset) so that a bad ``env_kwargs``
+    fails here, with the preset's name, rather than at the first episode. Raises
+    FileNotFoundError for a missing file and ValueError for anything wrong inside it.
+    """
+    from omegaconf import OmegaConf
+
+    path = DEFAULT_PATH if path is None else Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"agent presets file not found: {path} (pass path=... when "
+                                "agentrl is not installed from a checkout)")
+    try:
+        raw = OmegaConf.to_container(OmegaConf.load(path), resolve=True)
+    except Exception as error:  # noqa: BLE001 - YAML/OmegaConf errors of any kind
+        raise ValueError(f"{path}: cannot read agent presets: {error}") from None
+    return agent_presets_from_dict(raw, source=str(path), check_envs=check_envs)
+
+
+def agent_presets_from_dict(raw: Mapping, *, source: str = "agent presets",
+                            check_envs: bool = True) -> dict[str, AgentConfig]:
+    """Presets from an already loaded mapping (a dict or an OmegaConf node, e.g. Hydra's)."""
+    from omegaconf import DictConfig, OmegaConf
+
+    if isinstance(raw, DictConfig):
+        raw = OmegaConf.to_container(raw, resolve=True)
+    if not isinstance(raw, Mapping):
+        raise ValueError(f"{source}: expected a mapping of preset names, got {type(raw).__name__}")
+    defaults = raw.get(DEFAULTS_KEY) or {}
+    _check_block(DEFAULTS_KEY, defaults, source)
+    presets: dict[str, AgentConfig] = {}
+    for name, body in raw.items():
+        if name == DEFAULTS_KEY:
+            continue
+        _check_block(name, body, source)
+        try:
+            merged = OmegaConf.to_container(OmegaConf.merge(defaults, body), resolve=True)
+        except Exception as error:  # noqa: BLE001 - e.g. a list where the defaults have a mapping
+            raise ValueError(f"{source}: agent preset {name!r}: cannot merge it over "
+                             f"{DEFAULTS_KEY}: {error}") from None
+        if merged.get("game") is None:
+            raise ValueError(f"{source}: agent preset {name!r}: game is required; allowed: "
+                             f"{RULES['game'][1]}")
+        try:
+            presets[str(name)] = AgentConfig(**merged)
+        except ValueError as error:
+            raise ValueError(f"{source}: agent preset {name!r}: {error}") from None
+    _check_held_out(presets, source)
+    if check_envs:
+        for name, config in presets.items():
+            check_env_kwargs(config, f"{source}: agent preset {name!r}")
+    return presets
+
+
+def _check_block(name: Any, body: Any, source: str) -> None:
+    if not isinstance(body, Mapping):
+        raise ValueError(f"{source}: agent preset {name!r} must be a mapping of settings, got "
+                         f"{body!r}")
+    unknown = sorted(str(key) for key in body if key not in RULES)
+    if unknown:
+        raise ValueError(f"{source}: agent preset {name!r}: unknown key(s) {unknown}; allowed: "
+                         f"{list(RULES)}")
+
+
+def _check_held_out(presets: dict[str, AgentConfig], source: str) -> None:
+    """``held_out_of`` must name a *training* preset (no ``held_out_of``) of the same game."""
+    for name, config in presets.items():
+        twin = config.held_out_of
+        if twin is None:
+            continue
+        target = presets.get(twin)
+        if target is None or twin == name or target.game != config.game or target.held_out_of:
+            training = sorted(n for n, c in presets.items()
+                              if c.game == config.game and c.held_out_of is None and n != name)
+            raise ValueError(f"{source}: agent preset {name!r}: held_out_of={twin!r} is not "
+                             f"allowed; allowed: null or a training {config.game} preset (one "
+                             f"without held_out_of): {training}")
+
+
+def check_env_kwargs(config: AgentConfig, where: str = "agent config") -> None:
+    """Build (and close) the config's game once; a rejected ``env_kwargs`` -> ValueError."""
+    import inspect
+
+    import gymnasium
+    from gymnasium.envs.registration import load_env_creator
+
+    from agentrl.envs import env_id
+
+    try:
+        gymnasium.make(env_id(config.game), **config.env_kwargs).close()
+    except (TypeError, ValueError) as error:
+        creator = load_env_creator(gymnasium.spec(env_id(config.game)).entry_point)
+        options = [name for name in inspect.signature(creator).parameters if name != "self"]
+        raise ValueError(f"{where}: env_kwargs={config.env_kwargs!r} is not allowed by "
+                         f"{config.game} ({error}); allowed keys: {options}") from None

@@ -1,0 +1,212 @@
+"""The Agent on real games: oracle episodes, penalties, limits, feedback, history window."""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+
+import gymnasium
+import numpy as np
+import pytest
+
+from agentrl.agents import Agent, AgentConfig, apply_history_window, load_agent_presets
+from agentrl.agents.parsing import parse_response
+from agentrl.envs import env_id
+
+PRESETS = load_agent_presets(check_envs=False)
+ONE_PER_GAME = ["simpleSokobanAgent", "tetrisType1Agent", "blocksworldTextAgent",
+                "textworldEasyAgent"]
+
+
+def config(name: str = "tetrisType1Agent", **changes) -> AgentConfig:
+    return dataclasses.replace(PRESETS[name], **changes)
+
+
+def play(agent: Agent, policy) -> tuple[list[dict], list]:
+    """Run a reset episode to its end; returns the chat after turn 1 and the turn results."""
+    messages, results = [], []
+    while not agent.done:
+        reply = policy()
+        result = agent.step(reply)
+        messages += [{"role": "assistant", "content": reply}, *result.messages]
+        results.append(result)
+    return messages, results
+
+
+@pytest.mark.parametrize("name", ONE_PER_GAME)
+def test_oracle_episode_succeeds_under_the_preset_limits(name):
+    with Agent(PRESETS[name]) as agent:
+        agent.reset(seed=0)
+        plan = agent.env.unwrapped.oracle_plan()
+        _, results = play(agent, agent.oracle_response)
+    last = results[-1]
+    assert last.done and last.success and last.messages == []
+    assert last.info["terminated"] and not last.info["truncated"]
+    assert all(r.format_ok and r.num_valid_actions == r.num_actions for r in results)
+    assert sum(r.num_actions for r in results) == len(plan)
+    assert sum(r.reward for r in results) == pytest.approx(agent.episode_return)
+    assert all(not r.done and r.messages for r in results[:-1])
+
+
+def test_turn_reward_is_the_sum_of_env_rewards():
+    agent = Agent(config())
+    agent.reset(seed=3)
+    plan = agent.env.unwrapped.oracle_plan()
+    env = gymnasium.make(env_id("Tetris"), **agent.config.env_kwargs)
+    env.reset(seed=3)
+    expected = [env.step(action)[1] for action in plan]
+    _, results = play(agent, agent.oracle_response)
+    assert len(results) >= 2  # the plan spans turns: feedback messages were made
+    per_turn = [sum(expected[i:i + 5]) for i in range(0, len(expected), 5)]
+    assert [r.reward for r in results] == pytest.approx(per_turn)
+
+
+def test_bad_format_costs_the_penalty_and_steps_nothing():
+    agent = Agent(config(format_penalty=-0.25))
+    first = agent.reset(seed=0)[-1]["content"]
+    board = agent.env.unwrapped.render()
+    result = agent.step("Left || Down")  # no tags
+    assert not result.format_ok and result.reward == -0.25
+    assert result.num_actions == 0 and agent.env.unwrapped.num_steps == 0
+    assert agent.env.unwrapped.render() == board and agent.actions_used == 0
+    assert result.info["format_error"] == "no <answer> block"
+    feedback = result.messages[0]["content"]
+    assert result.messages[0]["role"] == "user"
+    assert "broke the answer format (no <answer> block)" in feedback and "-0.25" in feedback
+    assert "Turn 2 of 11; 40 actions left." in feedback and board in feedback
+    assert "Turn 1 of 11; 40 actions left." in first
+
+
+def test_invalid_actions_follow_the_game_and_are_counted():
+    agent = Agent(config("simpleSokobanAgent"))
+    agent.reset(seed=0)
+    result = agent.step("<think>x</think><answer>Jump || Fly</answer>")
+    assert result.format_ok and result.num_actions == 2
+    assert result.num_valid_actions == 0 and result.num_effective_actions == 0
+    assert result.reward == pytest.approx(-0.2)  # Sokoban's own -0.1 per action
+    assert result.info["invalid_actions"] == ["Jump", "Fly"]
+    assert "Invalid, so nothing happened: Jump, Fly." in result.messages[0]["content"]
+
+
+def test_action_budget_is_enforced_across_turns():
+    # Left at the wall never ends a Tetris game: only the budget can.
+    agent = Agent(config(max_actions_per_turn=3, max_actions_all_turns=5, max_turns=9))
+    agent.reset(seed=0)
+    moves = "<think>x</think><answer>Left || Left || Left || Left</answer>"
+    first = agent.step(moves)
+    assert (first.num_actions, first.dropped_actions, first.done) == (3, 1, False)
+    assert first.info["dropped_over_turn_limit"] == 1
+    assert "Ignored 1 action(s) over the limit of 3 a turn." in first.messages[0]["content"]
+    assert "2 actions left" in first.messages[0]["content"]
+    second = agent.step(moves)
+    assert (second.num_actions, second.dropped_actions, second.done) == (2, 2, True)
+    assert second.info["truncated"] and not second.info["terminated"]
+    assert second.messages == [] and agent.env.unwrapped.num_steps == 5
+    with pytest.raises(RuntimeError, match="reset"):
+        agent.step(moves)
+
+
+def test_max_turns_ends_the_episode():
+    agent = Agent(config(max_turns=2))
+    agent.reset(seed=0)
+    assert not agent.step("nonsense").done
+    last = agent.step("<think>x</think><answer>Left</answer>")
+    assert last.done and not last.success and last.info["truncated"]
+
+
+def test_actions_after_the_game_ends_are_dropped():
+    agent = Agent(config("simpleSokobanAgent"))
+    for seed in range(50):  # a room solved in <= 3 moves (a third of 6x6 rooms are)
+        agent.reset(seed=seed)
+        plan = agent.env.unwrapped.oracle_plan()
+        if len(plan) <= 3:
+            break
+    result = agent.step("<think>x</think><answer>" + " || ".join(plan + ["Up"]) + "</answer>")
+    assert result.success and result.done and result.info["terminated"]
+    assert result.num_actions == len(plan) and result.dropped_actions == 1
+
+
+def test_step_before_reset_raises():
+    with pytest.raises(RuntimeError):
+        Agent(config()).step("<answer>Left</answer>")
+
+
+def test_reset_starts_afresh():
+    agent = Agent(config())
+    agent.reset(seed=0)
+    play(agent, agent.oracle_response)
+    agent.reset(seed=0)
+    assert (agent.turn, agent.actions_used, agent.done, agent.success) == (0, 0, False, False)
+
+
+def test_prompt_shows_rules_format_and_limits_with_a_custom_separator():
+    agent = Agent(config("blocksworldTextAgent", action_separator=";", enable_think=False,
+                         system_prompt="", max_actions_per_turn=1))
+    messages = agent.reset(seed=0)
+    assert [m["role"] for m in messages] == ["user"]  # empty system prompt: no system message
+    text = messages[0]["content"]
+    assert text.startswith(PRESETS["blocksworldTextAgent"].instructions)
+    assert agent.env.unwrapped.rules in text
+    assert "Example: <answer>move 2 to 0</answer>" in text and "separated by ';'" in text
+    assert "<think>" not in text and "up to 1 actions" in text
+    reply = agent.oracle_response()
+    assert "<think>" not in reply
+    assert agent.step(reply).format_ok
+
+
+@pytest.mark.parametrize("rng", [np.random.default_rng(0), random.Random(0)])
+@pytest.mark.parametrize("name", ONE_PER_GAME)
+def test_random_and_oracle_replies_are_well_formed(name, rng):
+    agent = Agent(PRESETS[name])
+    agent.reset(seed=0)  # the seed other tests use: no extra TextWorld game to generate
+    legal = set(agent.env.unwrapped.valid_actions())
+    c = agent.config
+    for reply in (agent.random_response(rng), agent.oracle_response()):
+        parsed = parse_response(reply, enable_think=c.enable_think, separator=c.action_separator,
+                                max_actions=c.max_actions_per_turn)
+        assert parsed.format_ok and parsed.dropped_actions == 0
+        assert 1 <= len(parsed.actions) <= c.max_actions_per_turn
+    assert set(parse_response(agent.random_response(rng), enable_think=c.enable_think,
+                              separator=c.action_separator, max_actions=9).actions) <= legal
+    agent.close()
+
+
+# -- history window --------------------------------------------------------------------------------
+def chat(turns: int, system: bool = True) -> list[dict]:
+    messages = [{"role": "system", "content": "s"}] if system else []
+    messages.append({"role": "user", "content": "u0"})
+    for k in range(1, turns + 1):
+        messages += [{"role": "assistant", "content": f"a{k}"},
+                     {"role": "user", "content": f"u{k}"}]
+    return messages
+
+
+def contents(messages):
+    return [m["content"] for m in messages]
+
+
+def test_history_window_keeps_the_opening_and_the_last_turns():
+    messages = chat(4)
+    before = [dict(m) for m in messages]
+    assert apply_history_window(messages, 0) == messages
+    assert contents(apply_history_window(messages, 1)) == ["s", "u0", "a4", "u4"]
+    assert contents(apply_history_window(messages, 2)) == ["s", "u0", "a3", "u3", "a4", "u4"]
+    assert apply_history_window(messages, 4) == messages
+    assert apply_history_window(messages, 9) == messages
+    assert messages == before  # not mutated
+    assert contents(apply_history_window(chat(3, system=False), 1)) == ["u0", "a3", "u3"]
+    with_reply = chat(2) + [{"role": "assistant", "content": "a3"}]
+    assert contents(apply_history_window(with_reply, 1)) == ["s", "u0", "a3"]
+    assert apply_history_window([], 2) == []
+
+
+def test_agent_history_uses_the_preset_window():
+    agent = Agent(config(history_window=1, max_actions_per_turn=1))
+    messages = agent.reset(seed=0)
+    for _ in range(3):
+        reply = "<think>x</think><answer>Left</answer>"
+        result = agent.step(reply)
+        messages += [{"role": "assistant", "content": reply}, *result.messages]
+    window = agent.history(messages)
+    assert window[:2] == messages[:2] and window[2:] == messages[-2:]
+    assert len(window) == 4 and "Turn 4 of 11" in window[-1]["content"]
