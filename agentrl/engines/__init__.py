@@ -1,0 +1,5 @@
+"""Generation engines: anything with ``async generate(prompt_ids, sampling) -> (ids, logprobs)``."""
+
+from agentrl.engines.local import BatchingLLM, GenerationStats, SamplingParams
+
+__all__ = ["BatchingLLM", "GenerationStats", "SamplingParams"]

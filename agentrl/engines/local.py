@@ -1,0 +1,406 @@
+"""A local generation engine: concurrent ``generate`` calls batched onto one transformers model.
+
+    from agentrl.engines import BatchingLLM, SamplingParams
+    from agentrl.models import load_model, end_of_turn_ids
+    model, tokenizer = load_model("embedded")
+    llm = BatchingLLM(model, tokenizer, max_batch=16, seed=0)
+    ids, logprobs = await llm.generate(prompt_ids, SamplingParams(temperature=0.7))
+
+This is the rollout layer's ``llm`` on a laptop: many episodes ``await llm.generate(...)`` at
+once; a background task gathers the waiting requests (up to ``max_batch``, waiting at most
+``max_wait_ms`` for more once the first arrives) into one left-padded batch and decodes it in a
+worker thread, so the event loop keeps stepping environments meanwhile. Each caller gets its own
+``(response_ids, logprobs)``.
+
+Decoding is our own loop over the model with a KV cache (not ``model.generate``):
+
+- Left padding: prompts are right-aligned; the attention mask hides the pads and position ids
+  count real tokens only, so a prompt decodes the same alone or in a batch (up to float noise).
+- Each row stops on its own, at a stop token (kept in the output, as vLLM does) or at its own
+  ``max_new_tokens``; finished rows are dropped from the batch and its cache.
+- Rows in one batch may use different sampling settings (temperature, top-k, top-p, greedy are
+  applied per row).
+- **Log-probs** are ``log_softmax(logits / temperature)`` at the sampled token, over the full
+  vocabulary, *before* top-k/top-p truncation. That is what verl's actor recomputes for PPO's
+  ratio (it divides logits by the rollout temperature and never truncates), so old and new
+  log-probs agree. Greedy rows (``greedy=True`` or ``temperature=0``) report
+  ``log_softmax(logits)`` (temperature 1) of the argmax.
+- Sampling draws from one seedable ``torch.Generator``: the same requests batched the same way
+  give the same tokens. Which requests share a batch depends on timing, so concurrent sampling
+  runs are reproducible only through :meth:`generate_batch` or with ``max_batch=1``.
+- Like vLLM, generation also stops at end-of-sequence: ``eos_token_ids`` (default
+  ``end_of_turn_ids(tokenizer)``) are added to every request's ``stop_token_ids``; pass
+  ``eos_token_ids=()`` to turn that off.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from typing import Any, Sequence
+
+import torch
+
+__all__ = ["BatchingLLM", "GenerationStats", "SamplingParams"]
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How one request is decoded."""
+
+    temperature: float = 1.0
+    """Logits are divided by this before sampling and before log-probs; 0 means greedy."""
+    top_p: float = 1.0
+    """Sample from the smallest set of tokens whose probability reaches top_p (1 = off)."""
+    top_k: int = 0
+    """Sample from the k most likely tokens (0 = off)."""
+    max_new_tokens: int = 256
+    """At most this many tokens are generated (a stop token counts)."""
+    greedy: bool = False
+    """Take the argmax; log-probs are then at temperature 1."""
+    stop_token_ids: tuple[int, ...] = ()
+    """Generation ends after any of these; it is the last token of the response."""
+
+    def __post_init__(self):
+        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if not 0 < self.top_p <= 1:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.greedy or self.temperature == 0
+
+
+@dataclass
+class GenerationStats:
+    """Counters since construction (or ``reset_stats``)."""
+
+    requests: int = 0
+    batches: int = 0
+    prompt_tokens: int = 0
+    generated_tokens: int = 0
+    generation_seconds: float = 0.0
+    """Wall time inside the decode loop (prefill + decode), summed over batches."""
+    max_batch_size: int = 0
+
+    @property
+    def mean_batch_size(self) -> float:
+        return self.requests / self.batches if self.batches else 0.0
+
+    @property
+    def tokens_per_second(self) -> float:
+        return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+    def as_dict(self) -> dict[str, float]:
+        return {
+            **asdict(self),
+            "mean_batch_size": self.mean_batch_size,
+            "tokens_per_second": self.tokens_per_second,
+        }
+
+
+@dataclass
+class _Request:
+    prompt_ids: list[int]
+    sampling: SamplingParams
+    future: asyncio.Future = field(repr=False)
+
+
+class BatchingLLM:
+    """Batches concurrent ``generate`` calls onto one causal LM (CPU or one CUDA device).
+
+    Args:
+        model: a transformers causal LM (anything taking ``input_ids, attention_mask,
+            position_ids, past_key_values, use_cache, logits_to_keep``).
+        tokenizer: its tokenizer; gives the pad id and the default end-of-sequence ids.
+        max_batch: the most requests decoded together.
+        max_wait_ms: once a request arrives, how long to wait for more before decoding.
+        device: where to run; default the model's device (the model is moved if different).
+        seed: seeds the sampling generator (None: a random seed).
+        eos_token_ids: always stop on these; default ``end_of_turn_ids(tokenizer)``.
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        max_batch: int = 16,
+        max_wait_ms: float = 5,
+        device: str | torch.device | None = None,
+        seed: int | None = None,
+        eos_token_ids: Sequence[int] | None = None,
+    ):
+        if max_batch < 1:
+            raise ValueError(f"max_batch must be >= 1, got {max_batch}")
+        self.device = torch.device(device) if device is not None else _model_device(model)
+        if _model_device(model) != self.device:
+            model.to(self.device)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.max_batch = max_batch
+        self.max_wait_ms = max_wait_ms
+        self.pad_token_id = _pad_id(tokenizer)
+        if eos_token_ids is None:
+            from agentrl.models.templates import end_of_turn_ids
+
+            eos_token_ids = end_of_turn_ids(tokenizer)
+        self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.generator = torch.Generator(device=self.device)
+        if seed is None:
+            self.generator.seed()
+        else:
+            self.generator.manual_seed(seed)
+        self.stats = GenerationStats()
+        self._stats_lock = threading.Lock()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-llm")
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: asyncio.Queue | None = None
+        self._worker: asyncio.Task | None = None
+
+    # ----------------------------------------------------------------------- async API
+
+    async def generate(
+        self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams()
+    ) -> tuple[list[int], list[float]]:
+        """Response token ids and the log-prob of each, batched with concurrent callers."""
+        prompt = [int(t) for t in prompt_ids]
+        self._check(prompt, sampling)
+        queue = self._ensure_worker()
+        future = asyncio.get_running_loop().create_future()
+        queue.put_nowait(_Request(prompt, sampling, future))
+        return await future
+
+    def reset_stats(self) -> None:
+        with self._stats_lock:
+            self.stats = GenerationStats()
+
+    def close(self) -> None:
+        """Stop the batching task and the worker thread (waits for a running batch)."""
+        if self._worker is not None and not self._worker.done():
+            self._worker.cancel()
+        self._executor.shutdown(wait=True)
+
+    def _ensure_worker(self) -> asyncio.Queue:
+        """The queue of the batching task on the running loop (a new loop gets a new task)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._batch_forever(self._queue), name="agentrl-llm")
+        return self._queue
+
+    async def _batch_forever(self, queue: asyncio.Queue) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            batch = [await queue.get()]
+            deadline = loop.time() + self.max_wait_ms / 1000
+            while len(batch) < self.max_batch:
+                if not queue.empty():
+                    batch.append(queue.get_nowait())
+                    continue
+                remaining = deadline - loop.time()
+                if remaining <= 0:
+                    break
+                try:
+                    batch.append(await asyncio.wait_for(queue.get(), remaining))
+                except asyncio.TimeoutError:
+                    break
+            batch = [r for r in batch if not r.future.done()]  # callers cancelled while queued
+            if not batch:
+                continue
+            try:
+                results = await loop.run_in_executor(
+                    self._executor,
+                    self.generate_batch,
+                    [r.prompt_ids for r in batch],
+                    [r.sampling for r in batch],
+                )
+            except Exception as error:  # the whole batch failed: every caller sees why
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(error)
+            else:
+                for request, result in zip(batch, results):
+                    if not request.future.done():
+                        request.future.set_result(result)
+
+    # ----------------------------------------------------------------------- decode loop
+
+    def generate_batch(
+        self,
+        prompts: Sequence[Sequence[int]],
+        samplings: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+    ) -> list[tuple[list[int], list[float]]]:
+        """Decode ``prompts`` together, now, in this thread; one result per prompt.
+
+        The synchronous core of :meth:`generate`; any batch size (not capped by max_batch).
+        """
+        if isinstance(samplings, SamplingParams):
+            samplings = [samplings] * len(prompts)
+        if len(samplings) != len(prompts):
+            raise ValueError(f"{len(prompts)} prompts but {len(samplings)} sampling params")
+        prompts = [[int(t) for t in p] for p in prompts]
+        for prompt, sampling in zip(prompts, samplings):
+            self._check(prompt, sampling)
+        if not prompts:
+            return []
+        start = time.perf_counter()
+        with torch.inference_mode():
+            results = self._decode(prompts, list(samplings))
+        seconds = time.perf_counter() - start
+        with self._stats_lock:
+            self.stats.requests += len(prompts)
+            self.stats.batches += 1
+            self.stats.prompt_tokens += sum(map(len, prompts))
+            self.stats.generated_tokens += sum(len(ids) for ids, _ in results)
+            self.stats.generation_seconds += seconds
+            self.stats.max_batch_size = max(self.stats.max_batch_size, len(prompts))
+        return results
+
+    def _decode(
+        self, prompts: list[list[int]], samplings: list[SamplingParams]
+    ) -> list[tuple[list[int], list[float]]]:
+        from transformers import DynamicCache
+
+        device, n = self.device, len(prompts)
+        width = max(map(len, prompts))
+        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((n, width), dtype=torch.long)
+        for row, prompt in enumerate(prompts):
+            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
+            attention_mask[row, width - len(prompt) :] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+
+        rows = _RowParams.of(samplings, device)
+        stops = [set(s.stop_token_ids) | set(self.eos_token_ids) for s in samplings]
+        limits = [s.max_new_tokens for s in samplings]
+        outputs: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
+        active = list(range(n))  # original row of each batch row still decoding
+        cache = DynamicCache(config=self.model.config)
+        next_positions = position_ids[:, -1] + 1
+
+        logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        while True:
+            tokens, logprobs = _choose(logits, rows, self.generator)
+            keep = []
+            for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
+                row = active[batch_row]
+                ids, lps = outputs[row]
+                ids.append(token)
+                lps.append(logprob)
+                if token not in stops[row] and len(ids) < limits[row]:
+                    keep.append(batch_row)
+            if not keep:
+                return outputs
+            if len(keep) < len(active):  # drop finished rows from every per-row tensor
+                index = torch.tensor(keep, device=device)
+                cache.batch_select_indices(index)
+                tokens, attention_mask = tokens[index], attention_mask[index]
+                next_positions, rows = next_positions[index], rows.select(index)
+                active = [active[i] for i in keep]
+            attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], 1)
+            logits = self._forward(tokens[:, None], attention_mask, next_positions[:, None], cache)
+            next_positions = next_positions + 1
+
+    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
+        """Logits of the last position, float32, shape [batch, vocab]."""
+        out = self.model(
+            input_ids=input_ids,
+            attention_mask=attention_mask,
+            position_ids=position_ids,
+            past_key_values=cache,
+            use_cache=True,
+            logits_to_keep=1,
+        )
+        return out.logits[:, -1, :].float()
+
+    def _check(self, prompt: list[int], sampling: SamplingParams) -> None:
+        if not isinstance(sampling, SamplingParams):
+            raise TypeError(f"sampling must be SamplingParams, got {type(sampling).__name__}")
+        if not prompt:
+            raise ValueError("prompt_ids is empty")
+        if self.max_positions and len(prompt) + sampling.max_new_tokens > self.max_positions:
+            raise ValueError(
+                f"prompt ({len(prompt)} tokens) + max_new_tokens ({sampling.max_new_tokens}) "
+                f"exceeds the model's {self.max_positions} positions"
+            )
+
+
+@dataclass
+class _RowParams:
+    """Per-row sampling settings as tensors, so one batch can mix them."""
+
+    greedy: torch.Tensor  # bool [B]
+    temperature: torch.Tensor  # float [B]; 1 for greedy rows
+    top_k: torch.Tensor  # long [B]; 0 = off
+    top_p: torch.Tensor  # float [B]; 1 = off
+
+    @classmethod
+    def of(cls, samplings: list[SamplingParams], device: torch.device) -> _RowParams:
+        greedy = [s.is_greedy for s in samplings]
+        return cls(
+            greedy=torch.tensor(greedy, device=device),
+            temperature=torch.tensor(
+                [1.0 if g else s.temperature for g, s in zip(greedy, samplings)], device=device
+            ),
+            top_k=torch.tensor([s.top_k for s in samplings], device=device),
+            top_p=torch.tensor([s.top_p for s in samplings], device=device),
+        )
+
+    def select(self, index: torch.Tensor) -> _RowParams:
+        return _RowParams(*(t[index] for t in (self.greedy, self.temperature, self.top_k, self.top_p)))
+
+
+def _choose(
+    logits: torch.Tensor, rows: _RowParams, generator: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Next token per row and its log-prob (after temperature, before top-k/top-p)."""
+    logprobs = torch.log_softmax(logits / rows.temperature[:, None], dim=-1)
+    tokens = logits.argmax(dim=-1)
+    sampled = ~rows.greedy
+    if sampled.any():
+        index = sampled.nonzero().squeeze(1)
+        sample_lp = _truncate(logprobs[index], rows.top_k[index], rows.top_p[index])
+        draws = torch.multinomial(sample_lp.exp(), 1, generator=generator).squeeze(1)
+        tokens = tokens.index_put((index,), draws)
+    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
+
+
+def _truncate(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
+    """Log-probs with tokens outside each row's top-k / top-p set at -inf (not renormalized)."""
+    vocab = logprobs.shape[-1]
+    use_k, use_p = (top_k > 0) & (top_k < vocab), top_p < 1
+    if not (use_k.any() or use_p.any()):
+        return logprobs
+    sorted_lp, order = logprobs.sort(dim=-1, descending=True)
+    rank = torch.arange(vocab, device=logprobs.device)
+    k = torch.where(use_k, top_k, vocab)
+    sorted_lp = sorted_lp.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
+    if use_p.any():  # on the top-k-renormalized distribution, as vLLM and transformers do
+        probs = torch.softmax(sorted_lp, dim=-1)
+        before = probs.cumsum(dim=-1) - probs  # mass ranked above each token; keeps >= 1 token
+        sorted_lp = sorted_lp.masked_fill(use_p[:, None] & (before >= top_p[:, None]), float("-inf"))
+    return torch.empty_like(logprobs).scatter_(-1, order, sorted_lp)
+
+
+def _model_device(model: Any) -> torch.device:
+    return next(model.parameters()).device
+
+
+def _pad_id(tokenizer: Any) -> int:
+    for token_id in (tokenizer.pad_token_id, tokenizer.eos_token_id):
+        if token_id is not None:
+            return int(token_id)
+    return 0

@@ -1,0 +1,26 @@
+"""The rollout layer: episodes (token-in/token-out), agent groups, the batch layout, metrics.
+
+- :mod:`agentrl.rollout.records`: ``Turn``, ``Trajectory``.
+- :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
+- :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``normalize_returns``.
+- :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout).
+- :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``).
+"""
+
+from agentrl.rollout.batch import REWARD_PLACEMENTS, to_batch
+from agentrl.rollout.episode import LLM, ChatSuffix, first_prompt_ids, run_episode
+from agentrl.rollout.groups import (
+    filter_groups,
+    group_trajectories,
+    normalize_returns,
+    normalize_scores,
+    run_groups,
+)
+from agentrl.rollout.metrics import rollout_metrics
+from agentrl.rollout.records import Trajectory, Turn
+
+__all__ = [
+    "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "Trajectory", "Turn", "filter_groups",
+    "first_prompt_ids", "group_trajectories", "normalize_returns", "normalize_scores",
+    "rollout_metrics", "run_episode", "run_groups", "to_batch",
+]

@@ -1,0 +1,96 @@
+"""Trajectories -> padded tensors in verl's ``DataProto`` layout (one function for both trainers).
+
+    batch = to_batch(trajectories, pad_token_id=tokenizer.pad_token_id, reward_placement="turn")
+
+Shapes (``B`` trajectories, ``P`` = longest prompt, ``R`` = longest response, or the given
+``max_prompt_length``/``max_response_length``):
+
+- ``prompts`` ``(B, P)``: left-padded; ``responses`` ``(B, R)``: right-padded.
+- ``input_ids`` ``(B, P+R)`` = ``cat(prompts, responses)``; ``attention_mask`` 1 on real tokens;
+  ``position_ids`` = ``cumsum(attention_mask) - 1`` clipped at 0 (as verl computes them).
+- ``response_mask`` ``(B, R)``: 1 on model tokens only (0 on observations and padding).
+- ``rollout_log_probs`` ``(B, R)``: the sampler's log-probs, 0.0 elsewhere.
+- ``token_level_rewards`` ``(B, R)``: ``"turn"`` puts each turn's reward on that turn's last
+  model token (where verl's GAE picks it up); ``"last"`` puts only the episode's score
+  (``Trajectory.score`` if normalized, else ``episode_return``) on the last model token.
+
+A longer prompt or response than the given maximum raises (verl's padding would not truncate
+either; cutting silently would drop rewards).
+"""
+
+from __future__ import annotations
+
+from typing import Sequence
+
+import torch
+
+from agentrl.rollout.records import Trajectory
+
+__all__ = ["REWARD_PLACEMENTS", "to_batch"]
+
+REWARD_PLACEMENTS = ("turn", "last")
+
+
+def to_batch(
+    trajectories: Sequence[Trajectory],
+    pad_token_id: int,
+    reward_placement: str = "turn",
+    *,
+    max_prompt_length: int | None = None,
+    max_response_length: int | None = None,
+) -> dict[str, torch.Tensor]:
+    """Stack ``trajectories`` into verl-layout tensors (see the module docstring)."""
+    if reward_placement not in REWARD_PLACEMENTS:
+        raise ValueError(f"unknown reward_placement {reward_placement!r}; "
+                         f"allowed: {REWARD_PLACEMENTS}")
+    if not trajectories:
+        raise ValueError("no trajectories")
+    p_len = max(len(t.prompt_ids) for t in trajectories)
+    r_len = max(len(t.response_ids) for t in trajectories)
+    if max_prompt_length is not None:
+        if p_len > max_prompt_length:
+            raise ValueError(f"a prompt has {p_len} tokens > max_prompt_length={max_prompt_length}")
+        p_len = max_prompt_length
+    if max_response_length is not None:
+        if r_len > max_response_length:
+            raise ValueError(f"a response has {r_len} tokens > "
+                             f"max_response_length={max_response_length}")
+        r_len = max_response_length
+    b = len(trajectories)
+    prompts = torch.full((b, p_len), pad_token_id, dtype=torch.long)
+    prompt_attn = torch.zeros((b, p_len), dtype=torch.long)
+    responses = torch.full((b, r_len), pad_token_id, dtype=torch.long)
+    response_attn = torch.zeros((b, r_len), dtype=torch.long)
+    response_mask = torch.zeros((b, r_len), dtype=torch.long)
+    logprobs = torch.zeros((b, r_len), dtype=torch.float32)
+    rewards = torch.zeros((b, r_len), dtype=torch.float32)
+    for i, t in enumerate(trajectories):
+        n_p, n_r = len(t.prompt_ids), len(t.response_ids)
+        if n_p:
+            prompts[i, p_len - n_p:] = torch.tensor(t.prompt_ids, dtype=torch.long)
+            prompt_attn[i, p_len - n_p:] = 1
+        if n_r:
+            responses[i, :n_r] = torch.tensor(t.response_ids, dtype=torch.long)
+            response_attn[i, :n_r] = 1
+            response_mask[i, :n_r] = torch.tensor(t.response_mask, dtype=torch.long)
+            logprobs[i, :n_r] = torch.tensor(t.response_logprobs, dtype=torch.float32)
+        if not t.turn_end_positions:
+            continue
+        if reward_placement == "turn":
+            for pos, reward in zip(t.turn_end_positions, t.turn_rewards):
+                rewards[i, pos] += reward
+        else:
+            score = t.episode_return if t.score is None else t.score
+            rewards[i, t.turn_end_positions[-1]] = score
+    attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
+    position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    return {
+        "prompts": prompts,
+        "responses": responses,
+        "input_ids": torch.cat([prompts, responses], dim=1),
+        "attention_mask": attention_mask,
+        "position_ids": position_ids,
+        "response_mask": response_mask,
+        "rollout_log_probs": logprobs,
+        "token_level_rewards": rewards,
+    }

@@ -1,0 +1,217 @@
+"""One episode, token-in/token-out: ``async run_episode(agent, seed, llm, tokenizer, sampling)``.
+
+    from agentrl.rollout import run_episode
+    trajectory = await run_episode(Agent(config), seed, llm, tokenizer, SamplingParams(),
+                                   max_context_tokens=4096)
+
+``llm`` is anything with ``async generate(prompt_ids, sampling) -> (response_ids, logprobs)``
+(:class:`agentrl.engines.BatchingLLM`, or an adapter over verl's server manager).
+
+**Token-in/token-out.** The episode is one growing list of token ids, and every ``generate`` call
+gets exactly that list:
+
+1. The first prompt is ``tokenizer.apply_chat_template(messages, add_generation_prompt=True)``.
+2. The model's ids are appended as returned (mask 1, their log-probs).
+3. The next observation is appended as the *chat-template suffix* of the new user message
+   (mask 0, log-prob 0.0): :class:`ChatSuffix` renders a fixed synthetic conversation that ends
+   with an assistant reply, renders it again with the new messages and the generation prompt,
+   and tokenizes only the text after the reply's end-of-turn token. That suffix holds whatever
+   the template writes between turns (ChatML's ``\\n`` after ``<|im_end|>``, Llama 3's trimmed
+   headers) and the next ``<|im_start|>assistant\\n``. Earlier turns are never re-rendered or
+   re-tokenized, so token boundaries and log-probs stay exactly as sampled. This is the scheme of
+   verl 0.9.1's continuous-token builder (``utils/tokenizer/continuous_token.py``); we implement
+   the suffix diff here in a small class because verl's builder is chosen by
+   ``hf_config.model_type`` and wired into its AgentLoop, while ours must work on any HF
+   tokenizer without a model config.
+
+**Rules.**
+
+- *Reply cut by the length limit* (no end-of-turn id at its end): the rollout appends the
+  template's end-of-turn token (``end_of_turn_ids(tokenizer)[0]``) with mask 0 and log-prob 0.0,
+  so the next observation never glues onto an unfinished reply; counted in
+  ``Turn.truncated_by_length`` and ``metrics["truncated_turns"]``. The model is not trained to
+  emit that token (it did not), and the reply text still goes to ``agent.step`` (usually a
+  format error, since ``</answer>`` is missing).
+- *Context over budget*: a turn starts only if ``len(context) + max_new_tokens <=
+  max_context_tokens``; otherwise the episode ends there, the observation that did not fit is not
+  appended, and ``metrics["context_truncated"] = 1``. We end the episode rather than drop old
+  turns because dropping turns means re-rendering the history, which breaks token-in/token-out:
+  the stored sequence would no longer be what the model saw. For the same reason
+  ``AgentConfig.history_window`` is not applied here (the model sees the full history); a preset
+  with ``history_window > 0`` is rejected.
+- ``max_new_tokens`` per reply is ``min(sampling.max_new_tokens, config.max_response_tokens)``;
+  the end-of-turn ids are added to ``stop_token_ids``.
+- Environments step synchronously on the event loop (they take microseconds to milliseconds).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import Any, Protocol, Sequence
+
+from agentrl.agents import Agent
+from agentrl.models.templates import end_of_turn_ids
+from agentrl.rollout.records import Trajectory, Turn
+
+__all__ = ["LLM", "ChatSuffix", "run_episode"]
+
+_SYNTHETIC_PREFIX = [
+    {"role": "system", "content": "agentrl synthetic system"},
+    {"role": "user", "content": "agentrl synthetic user"},
+]
+_SENTINEL = "agentrl-synthetic-assistant-reply"
+
+
+class LLM(Protocol):
+    async def generate(self, prompt_ids: Sequence[int], sampling: Any) -> tuple[list[int], list[float]]:
+        ...
+
+
+class ChatSuffix:
+    """Token ids a chat template appends after a finished assistant turn.
+
+    ``ChatSuffix(tokenizer)(messages)`` = the ids of the text the template writes after the
+    assistant reply's end-of-turn token when ``messages`` follow it, up to and including the next
+    generation prompt. The reply itself is a synthetic one, so the suffix does not depend on (and
+    never re-tokenizes) the real history.
+    """
+
+    def __init__(self, tokenizer: Any):
+        self.tokenizer = tokenizer
+        self.end_of_turn_id = end_of_turn_ids(tokenizer)[0]
+        prefix = _SYNTHETIC_PREFIX + [{"role": "assistant", "content": _SENTINEL}]
+        self._prefix = prefix
+        text = self._render(prefix, generation_prompt=False)
+        eot_text = tokenizer.decode([self.end_of_turn_id])
+        after = text.split(_SENTINEL, 1)[1] if _SENTINEL in text else ""
+        if not after.startswith(eot_text):
+            raise ValueError(
+                f"the chat template does not close an assistant turn with {eot_text!r} right "
+                f"after its content (got {after[:40]!r}); token-in/token-out needs that")
+        self._prefix_text = text[: text.index(_SENTINEL) + len(_SENTINEL) + len(eot_text)]
+
+    def _render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(
+            messages, add_generation_prompt=generation_prompt, tokenize=False)
+
+    def __call__(self, messages: list[dict]) -> list[int]:
+        text = self._render(self._prefix + list(messages), generation_prompt=True)
+        if not text.startswith(self._prefix_text):
+            raise ValueError("the chat template re-renders earlier turns when messages are "
+                             "appended; token-in/token-out cannot diff it")
+        suffix = text[len(self._prefix_text):]
+        return list(self.tokenizer.encode(suffix, add_special_tokens=False))
+
+
+def first_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
+    """The opening chat with the generation prompt, as ids."""
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
+                                        return_dict=False)
+    return [int(t) for t in ids]
+
+
+async def run_episode(
+    agent: Agent,
+    seed: int,
+    llm: LLM,
+    tokenizer: Any,
+    sampling: Any,
+    *,
+    max_context_tokens: int,
+    group_index: int = 0,
+    preset: str | None = None,
+    suffix: ChatSuffix | None = None,
+) -> Trajectory:
+    """Play one episode of ``agent`` on game ``seed``; see the module docstring for the rules.
+
+    ``sampling`` is a :class:`agentrl.engines.SamplingParams` (any frozen dataclass with
+    ``max_new_tokens`` and ``stop_token_ids`` works). ``suffix`` may be shared between episodes
+    of one tokenizer (it is stateless after construction).
+    """
+    config = agent.config
+    if config.history_window > 0:
+        raise ValueError("history_window > 0 cannot be applied token-in/token-out "
+                         "(it would re-render the history); use 0")
+    suffix = suffix or ChatSuffix(tokenizer)
+    stop_ids = end_of_turn_ids(tokenizer)
+    max_new = min(sampling.max_new_tokens, config.max_response_tokens)
+    sampling = dataclasses.replace(
+        sampling, max_new_tokens=max_new,
+        stop_token_ids=tuple(dict.fromkeys([*sampling.stop_token_ids, *stop_ids])))
+    timings = {"generate_s": 0.0, "env_s": 0.0, "tokenize_s": 0.0}
+
+    start = time.perf_counter()
+    messages = agent.reset(seed=seed)
+    timings["env_s"] += time.perf_counter() - start
+    start = time.perf_counter()
+    prompt_ids = first_prompt_ids(tokenizer, messages)
+    timings["tokenize_s"] += time.perf_counter() - start
+    if len(prompt_ids) + max_new > max_context_tokens:
+        raise ValueError(f"the first prompt ({len(prompt_ids)} tokens) + max_new_tokens "
+                         f"({max_new}) exceeds max_context_tokens={max_context_tokens}")
+
+    response_ids: list[int] = []
+    mask: list[int] = []
+    logprobs: list[float] = []
+    turns: list[Turn] = []
+    turn_ends: list[int] = []
+    next_prompt = list(prompt_ids)
+    context_truncated = False
+    done = False
+    while not done:
+        start = time.perf_counter()
+        ids, lps = await llm.generate(prompt_ids + response_ids, sampling)
+        timings["generate_s"] += time.perf_counter() - start
+        ids, lps = [int(t) for t in ids], [float(x) for x in lps]
+        if len(ids) != len(lps) or not ids:
+            raise ValueError(f"llm.generate returned {len(ids)} ids and {len(lps)} logprobs")
+        response_ids += ids
+        mask += [1] * len(ids)
+        logprobs += lps
+        turn_ends.append(len(response_ids) - 1)
+        cut = ids[-1] not in stop_ids
+        if cut:  # closed by the rollout, not by the model: mask 0
+            response_ids.append(suffix.end_of_turn_id)
+            mask.append(0)
+            logprobs.append(0.0)
+
+        start = time.perf_counter()
+        text = tokenizer.decode(ids, skip_special_tokens=True)
+        result = agent.step(text)
+        timings["env_s"] += time.perf_counter() - start
+        turns.append(Turn(
+            prompt_ids=tuple(next_prompt), response_ids=tuple(ids), logprobs=tuple(lps),
+            reward=float(result.reward), format_ok=result.format_ok,
+            num_actions=result.num_actions, num_valid=result.num_valid_actions,
+            num_effective=result.num_effective_actions, truncated_by_length=cut, text=text))
+        done = result.done
+        if done:
+            break
+        start = time.perf_counter()
+        next_prompt = suffix(result.messages)
+        timings["tokenize_s"] += time.perf_counter() - start
+        if len(prompt_ids) + len(response_ids) + len(next_prompt) + max_new > max_context_tokens:
+            context_truncated = True
+            break
+        response_ids += next_prompt
+        mask += [0] * len(next_prompt)
+        logprobs += [0.0] * len(next_prompt)
+
+    # A length-cut final reply keeps its closing token: it is part of the sequence verl pads.
+    rewards = [t.reward for t in turns]
+    metrics = {
+        "num_actions": float(sum(t.num_actions for t in turns)),
+        "num_valid": float(sum(t.num_valid for t in turns)),
+        "num_effective": float(sum(t.num_effective for t in turns)),
+        "format_errors": float(sum(not t.format_ok for t in turns)),
+        "truncated_turns": float(sum(t.truncated_by_length for t in turns)),
+        "context_truncated": float(context_truncated),
+        "response_length": float(sum(mask)),
+    }
+    return Trajectory(
+        preset=preset or getattr(config, "name", None) or config.game, seed=seed,
+        group_index=group_index, prompt_ids=prompt_ids, response_ids=response_ids,
+        response_mask=mask, response_logprobs=logprobs, turn_end_positions=turn_ends,
+        turn_rewards=rewards, success=bool(agent.success), episode_return=float(sum(rewards)),
+        num_turns=len(turns), turns=turns, metrics=metrics, timings=timings)

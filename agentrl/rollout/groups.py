@@ -1,0 +1,155 @@
+"""Agent groups: ``group_num x group_size`` concurrent episodes, then filtering and normalization.
+
+    trajectories = await run_groups([("simpleSokobanAgent", config)], llm, tokenizer, sampling,
+                                    group_num=8, group_size=4, seeds=range(8),
+                                    max_context_tokens=4096)
+    kept = filter_groups(trajectories, filter_ratio=0.5, mode="std")
+    kept = normalize_returns(kept, grouping="state", method="mean_std")
+
+- Group ``g`` plays preset ``presets[g % len(presets)]`` on game ``seeds[g]``; its
+  ``group_size`` episodes share that seed. Envs are deterministic in the seed, so every member
+  gets the same game. That is also how the game is *generated once per group*: all envs of the
+  repo build their game from ``reset(seed)``, and TextWorld's compiled games are cached on disk
+  per (parameters, seed) by :mod:`agentrl.envs.textworld_pool`. Resets are synchronous and run
+  in gather order before any episode awaits, so the first member compiles the game and the others
+  load it. (No ``copy.deepcopy`` of env state: a seed is cheaper and works for every game.)
+- All episodes run at once with one ``asyncio.gather``; there is no per-turn barrier, so an
+  episode that finishes early frees its slot in the LLM's batch at once.
+
+Filtering (:func:`filter_groups`): rank groups by the standard deviation of their members'
+episode returns and keep the top ``ceil(filter_ratio * num_groups)`` (at least 1): ``mode="std"``
+keeps the highest std (the most informative groups: some members did better than others),
+``"std_rev"`` the lowest. Ties keep the earlier group. ``filter_ratio=1`` keeps everything.
+
+Normalization (:func:`normalize_returns`) of episode returns into ``Trajectory.score``:
+``grouping="state"`` normalizes within each group (same preset and seed), ``"batch"`` over all
+trajectories; ``method`` is ``identity`` (score = return), ``mean_std`` ((r - mean) / (std +
+1e-6), all zeros when std < 1e-6, std unbiased as ``torch.std``) or ``asym_clip`` (mean_std
+clipped to [-1, 3], as RAGEN). The format penalty is applied *before* normalization: it is already
+in the episode return, because ``Agent.step`` gives a malformed reply ``format_penalty`` as its
+turn reward, so a malformed reply lowers its episode's score relative to its group.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import math
+from collections import defaultdict
+from typing import Any, Iterable, Mapping, Sequence
+
+import torch
+
+from agentrl.agents import Agent, AgentConfig
+from agentrl.rollout.episode import ChatSuffix, run_episode
+from agentrl.rollout.records import Trajectory
+
+__all__ = ["filter_groups", "group_trajectories", "normalize_returns", "run_groups"]
+
+FILTER_MODES = ("std", "std_rev")
+GROUPINGS = ("state", "batch")
+METHODS = ("identity", "mean_std", "asym_clip")
+ASYM_CLIP = (-1.0, 3.0)
+EPS = 1e-6
+
+
+async def run_groups(
+    presets: Mapping[str, AgentConfig] | Sequence[tuple[str, AgentConfig]],
+    llm: Any,
+    tokenizer: Any,
+    sampling: Any,
+    *,
+    group_num: int,
+    group_size: int,
+    seeds: Iterable[int] | None = None,
+    max_context_tokens: int,
+) -> list[Trajectory]:
+    """Run every episode of every group concurrently; trajectories in group order.
+
+    ``seeds`` gives one seed per group (default ``0..group_num-1``).
+    """
+    pairs = list(presets.items()) if isinstance(presets, Mapping) else list(presets)
+    if not pairs:
+        raise ValueError("no presets given")
+    if group_num < 1 or group_size < 1:
+        raise ValueError(f"group_num and group_size must be >= 1, got {group_num}, {group_size}")
+    seeds = list(range(group_num)) if seeds is None else [int(s) for s in seeds]
+    if len(seeds) != group_num:
+        raise ValueError(f"{len(seeds)} seeds for {group_num} groups: give one seed per group")
+    suffix = ChatSuffix(tokenizer)
+    agents: list[Agent] = []
+    jobs = []
+    for g, seed in enumerate(seeds):
+        name, config = pairs[g % len(pairs)]
+        for _ in range(group_size):
+            agent = Agent(config)
+            agents.append(agent)
+            jobs.append(run_episode(agent, seed, llm, tokenizer, sampling,
+                                    max_context_tokens=max_context_tokens, group_index=g,
+                                    preset=name, suffix=suffix))
+    try:
+        return list(await asyncio.gather(*jobs))
+    finally:
+        for agent in agents:
+            agent.close()
+
+
+def group_trajectories(trajectories: Sequence[Trajectory]) -> dict[tuple, list[int]]:
+    """Indices of ``trajectories`` by group key ``(group_index, preset, seed)``, in first-seen order."""
+    groups: dict[tuple, list[int]] = defaultdict(list)
+    for i, t in enumerate(trajectories):
+        groups[(t.group_index, t.preset, t.seed)].append(i)
+    return dict(groups)
+
+
+def _std(values: list[float]) -> float:
+    return float(torch.tensor(values, dtype=torch.float64).std()) if len(values) > 1 else 0.0
+
+
+def filter_groups(trajectories: Sequence[Trajectory], filter_ratio: float = 1.0,
+                  mode: str = "std") -> list[Trajectory]:
+    """Keep the groups with the highest (``std``) or lowest (``std_rev``) return std."""
+    if mode not in FILTER_MODES:
+        raise ValueError(f"unknown filter mode {mode!r}; allowed: {FILTER_MODES}")
+    if not 0 < filter_ratio <= 1:
+        raise ValueError(f"filter_ratio must be in (0, 1], got {filter_ratio}")
+    groups = list(group_trajectories(trajectories).values())
+    stds = [_std([trajectories[i].episode_return for i in idx]) for idx in groups]
+    keep = max(1, math.ceil(filter_ratio * len(groups) - 1e-9))
+    sign = -1.0 if mode == "std" else 1.0
+    order = sorted(range(len(groups)), key=lambda g: (sign * stds[g], g))[:keep]
+    kept = sorted(order)
+    return [trajectories[i] for g in kept for i in groups[g]]
+
+
+def normalize_scores(returns: torch.Tensor, method: str) -> torch.Tensor:
+    """Normalize one 1-D tensor of returns (one group, or the batch) by ``method``."""
+    if method not in METHODS:
+        raise ValueError(f"unknown normalization method {method!r}; allowed: {METHODS}")
+    if method == "identity":
+        return returns.clone()
+    std = returns.std() if returns.numel() > 1 else torch.zeros((), dtype=returns.dtype)
+    if std.abs() < EPS:
+        out = torch.zeros_like(returns)
+    else:
+        out = (returns - returns.mean()) / (std + EPS)
+    if method == "asym_clip":
+        out = out.clamp(*ASYM_CLIP)
+    return out
+
+
+def normalize_returns(trajectories: Sequence[Trajectory], grouping: str = "state",
+                      method: str = "identity") -> list[Trajectory]:
+    """Copies of ``trajectories`` with ``score`` = the normalized episode return."""
+    if grouping not in GROUPINGS:
+        raise ValueError(f"unknown grouping {grouping!r}; allowed: {GROUPINGS}")
+    returns = torch.tensor([t.episode_return for t in trajectories], dtype=torch.float64)
+    scores = torch.zeros_like(returns)
+    if grouping == "batch":
+        parts = [list(range(len(trajectories)))]
+    else:
+        parts = list(group_trajectories(trajectories).values())
+    for idx in parts:
+        if idx:
+            scores[idx] = normalize_scores(returns[idx], method)
+    return [dataclasses.replace(t, score=float(s)) for t, s in zip(trajectories, scores)]

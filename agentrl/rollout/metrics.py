@@ -1,0 +1,65 @@
+"""Rollout metrics by preset, with the same names on every engine.
+
+    metrics = rollout_metrics(trajectories, split="train")
+    # {"train/simpleSokobanAgent/success": 0.25, ..., "timing/generate_s": 1.3}
+
+Per preset (means over that preset's episodes unless said otherwise):
+
+- ``success`` (rate), ``return`` (episode return, format penalties included), ``turns``,
+  ``num_actions`` (actions run per episode), ``response_length`` (model tokens per episode),
+  ``truncated_turns`` (replies cut by the length limit, per episode), ``context_truncated``
+  (rate of episodes ended by the context budget).
+- ``action_is_valid`` / ``action_is_effective``: valid / effective actions over all actions run
+  by the preset (0 when none ran); ``format_error``: malformed replies over all replies.
+
+Timings: ``timing/generate_s``, ``timing/env_s``, ``timing/tokenize_s`` are the mean seconds one
+episode spent in each. Episodes run concurrently, so these are per-episode latencies, not shares
+of the wall clock (a sum would count overlapping waits many times).
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from typing import Sequence
+
+from agentrl.rollout.records import Trajectory
+
+__all__ = ["TIMING_KEYS", "rollout_metrics"]
+
+TIMING_KEYS = ("generate_s", "env_s", "tokenize_s")
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values) if values else 0.0
+
+
+def _ratio(num: float, den: float) -> float:
+    return num / den if den else 0.0
+
+
+def rollout_metrics(trajectories: Sequence[Trajectory], split: str = "train") -> dict[str, float]:
+    """``<split>/<preset>/<name>`` for every preset present, plus ``timing/*``."""
+    by_preset: dict[str, list[Trajectory]] = defaultdict(list)
+    for t in trajectories:
+        by_preset[t.preset].append(t)
+    out: dict[str, float] = {}
+    for preset, ts in by_preset.items():
+        p = f"{split}/{preset}"
+        m = lambda key: [t.metrics.get(key, 0.0) for t in ts]  # noqa: E731
+        actions = sum(m("num_actions"))
+        turns = sum(t.num_turns for t in ts)
+        out.update({
+            f"{p}/success": _mean([float(t.success) for t in ts]),
+            f"{p}/return": _mean([t.episode_return for t in ts]),
+            f"{p}/turns": _mean([float(t.num_turns) for t in ts]),
+            f"{p}/num_actions": _mean(m("num_actions")),
+            f"{p}/action_is_valid": _ratio(sum(m("num_valid")), actions),
+            f"{p}/action_is_effective": _ratio(sum(m("num_effective")), actions),
+            f"{p}/format_error": _ratio(sum(m("format_errors")), turns),
+            f"{p}/response_length": _mean(m("response_length")),
+            f"{p}/truncated_turns": _mean(m("truncated_turns")),
+            f"{p}/context_truncated": _mean(m("context_truncated")),
+        })
+    for key in TIMING_KEYS:
+        out[f"timing/{key}"] = _mean([t.timings.get(key, 0.0) for t in trajectories])
+    return out

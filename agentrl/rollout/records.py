@@ -1,0 +1,85 @@
+"""Typed records of the rollout layer: one :class:`Turn` per model reply, one :class:`Trajectory`
+per episode.
+
+A trajectory is one token sequence, exactly as the model saw and produced it::
+
+    prompt_ids | response_ids
+    first chat | reply 1, observation 1 (+ next generation prompt), reply 2, ..., reply N
+
+``response_mask`` is 1 on the model's own tokens and 0 on everything the rollout inserted
+(observations, generation prompts, and the end-of-turn token closing a reply that was cut by the
+length limit). ``response_logprobs`` are the sampler's log-probs on model tokens and 0.0 elsewhere.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Turn:
+    """One model reply and what it did."""
+
+    prompt_ids: tuple[int, ...]
+    """Ids appended before this turn's generation: the first prompt on turn 1, afterwards the
+    chat-template suffix of the last observation (ending with the generation prompt)."""
+    response_ids: tuple[int, ...]
+    """The ids the model generated (as returned by ``llm.generate``; nothing added)."""
+    logprobs: tuple[float, ...]
+    """One per response id."""
+    reward: float
+    """``TurnResult.reward`` (the format penalty for a malformed reply)."""
+    format_ok: bool
+    num_actions: int
+    num_valid: int
+    num_effective: int
+    truncated_by_length: bool
+    """The reply hit ``max_new_tokens`` without an end-of-turn token; the rollout closed it by
+    appending the end-of-turn token with mask 0."""
+    text: str = ""
+    """The decoded reply handed to ``Agent.step``."""
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    """One episode as one token sequence plus its per-turn bookkeeping."""
+
+    preset: str
+    seed: int
+    group_index: int
+    prompt_ids: list[int]
+    """The first prompt (chat template of the opening messages + generation prompt)."""
+    response_ids: list[int]
+    """Everything after the first prompt, in order: model tokens and observation tokens."""
+    response_mask: list[int]
+    """1 on model tokens only."""
+    response_logprobs: list[float]
+    """Sampler log-probs on model tokens, 0.0 on inserted tokens."""
+    turn_end_positions: list[int]
+    """Index in ``response_ids`` of each turn's last model token (mask 1)."""
+    turn_rewards: list[float]
+    success: bool
+    episode_return: float
+    """Sum of the turn rewards (format penalties included)."""
+    num_turns: int
+    turns: list[Turn] = field(default_factory=list)
+    metrics: dict[str, float] = field(default_factory=dict)
+    """Per-episode counts: ``num_actions``, ``num_valid``, ``num_effective``, ``format_errors``,
+    ``truncated_turns``, ``context_truncated`` (0/1), ``response_length`` (model tokens)."""
+    timings: dict[str, float] = field(default_factory=dict)
+    """Seconds this episode spent in ``generate_s``, ``env_s``, ``tokenize_s``."""
+    score: float | None = None
+    """The normalized episode return (see :func:`agentrl.rollout.groups.normalize_returns`);
+    None until normalized. ``to_batch(reward_placement="last")`` uses it when set."""
+
+    def __post_init__(self):
+        n = len(self.response_ids)
+        if not (len(self.response_mask) == len(self.response_logprobs) == n):
+            raise ValueError(f"response ids/mask/logprobs lengths differ: {n}, "
+                             f"{len(self.response_mask)}, {len(self.response_logprobs)}")
+        if len(self.turn_end_positions) != len(self.turn_rewards):
+            raise ValueError("one turn end position per turn reward")
+
+    @property
+    def input_ids(self) -> list[int]:
+        return list(self.prompt_ids) + list(self.response_ids)

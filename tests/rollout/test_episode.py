@@ -1,0 +1,156 @@
+"""run_episode: token-in/token-out on two chat templates, masks, length cuts, context budget."""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+
+from agentrl.agents import Agent, load_agent_presets
+from agentrl.engines import SamplingParams
+from agentrl.models import end_of_turn_ids
+from agentrl.rollout import ChatSuffix, run_episode, to_batch
+
+from rollout_fakes import FakeLLM, game_reply
+
+PRESETS = load_agent_presets()
+SOKOBAN = PRESETS["simpleSokobanAgent"]
+SAMPLING = SamplingParams(max_new_tokens=64)
+
+
+def play(config, tokenizer, llm, seed=0, max_context_tokens=8192, sampling=SAMPLING):
+    with Agent(config) as agent:
+        return asyncio.run(run_episode(agent, seed, llm, tokenizer, sampling,
+                                       max_context_tokens=max_context_tokens,
+                                       preset="simpleSokobanAgent"))
+
+
+def check_token_in_token_out(traj, llm):
+    """Each generate call saw exactly the stored sequence up to that turn; masks mark outputs."""
+    full = traj.input_ids
+    assert len(llm.calls) == traj.num_turns
+    assert llm.calls[0] == traj.prompt_ids
+    for k, (seen, out) in enumerate(zip(llm.calls, llm.outputs)):
+        assert full[: len(seen)] == seen, f"turn {k}: the LLM saw ids not in the trajectory"
+        assert full[len(seen): len(seen) + len(out)] == out
+        start = len(seen) - len(traj.prompt_ids)
+        assert traj.response_mask[start: start + len(out)] == [1] * len(out)
+        assert traj.turn_end_positions[k] == start + len(out) - 1
+        assert traj.response_logprobs[start: start + len(out)] == pytest.approx(
+            [-0.5 - 0.001 * i for i in range(len(out))])
+    assert sum(traj.response_mask) == sum(map(len, llm.outputs))  # 1 exactly on model tokens
+    assert all(lp == 0.0 for lp, m in zip(traj.response_logprobs, traj.response_mask) if not m)
+    # the turns' own ids rebuild the sequence
+    rebuilt = []
+    for turn in traj.turns:
+        rebuilt += list(turn.prompt_ids) + list(turn.response_ids)
+        if turn.truncated_by_length:
+            rebuilt.append(end_of_turn_ids(llm.tokenizer)[0])
+    assert rebuilt == full
+
+
+def test_token_in_token_out_matches_chat_template(tokenizer):
+    """Two templates: the calls are prefixes of the stored ids, which render as the full chat."""
+    llm = FakeLLM(tokenizer, lambda ids, call: game_reply("Sokoban"))
+    traj = play(SOKOBAN, tokenizer, llm)
+    assert traj.num_turns >= 2
+    check_token_in_token_out(traj, llm)
+    # The stored ids decode to the template's rendering of the whole chat (what a re-render
+    # would give when nothing shifts), up to the template's trailing whitespace.
+    with Agent(SOKOBAN) as agent:
+        messages = agent.reset(seed=0)
+        for turn in traj.turns:
+            result = agent.step(turn.text)
+            messages += [{"role": "assistant", "content": turn.text}, *result.messages]
+    rendered = tokenizer.apply_chat_template(messages, tokenize=False)
+    decoded = tokenizer.decode(traj.input_ids)
+    assert rendered.startswith(decoded) and rendered[len(decoded):].strip() == ""
+
+
+def test_observation_suffix_only_has_mask_zero(chatml_tokenizer):
+    tok = chatml_tokenizer
+    llm = FakeLLM(tok, lambda ids, call: game_reply("Sokoban"))
+    traj = play(SOKOBAN, tok, llm)
+    second = traj.turns[1]
+    assert tok.decode(list(second.prompt_ids)).startswith("\n<|im_start|>user\n")
+    assert tok.decode(list(second.prompt_ids)).endswith("<|im_start|>assistant\n")
+    assert traj.metrics["truncated_turns"] == 0
+    assert traj.metrics["response_length"] == sum(traj.response_mask)
+
+
+def test_length_cut_turn_is_closed_with_masked_end_of_turn(tokenizer):
+    """Turn 1 hits max_new_tokens: an end-of-turn id with mask 0 closes it, counted."""
+    llm = FakeLLM(tokenizer, lambda ids, call: game_reply("Sokoban"), close=lambda call: call != 0)
+    sampling = SamplingParams(max_new_tokens=40)
+    traj = play(SOKOBAN, tokenizer, llm, sampling=sampling)
+    check_token_in_token_out(traj, llm)
+    first = traj.turns[0]
+    assert first.truncated_by_length and not first.format_ok
+    assert len(first.response_ids) == 40
+    eot_pos = len(first.response_ids)
+    assert traj.response_ids[eot_pos] == end_of_turn_ids(tokenizer)[0]
+    assert traj.response_mask[eot_pos] == 0 and traj.response_logprobs[eot_pos] == 0.0
+    assert traj.turn_end_positions[0] == eot_pos - 1  # the reward sits on a model token
+    assert traj.metrics["truncated_turns"] == 1
+    assert traj.turn_rewards[0] == SOKOBAN.format_penalty
+    # the observation follows the closing token, as the template writes it after a turn
+    assert list(traj.response_ids[eot_pos + 1: eot_pos + 1 + len(traj.turns[1].prompt_ids)]) \
+        == list(traj.turns[1].prompt_ids)
+
+
+def test_max_new_tokens_is_capped_by_preset(chatml_tokenizer):
+    config = dataclasses.replace(SOKOBAN, max_response_tokens=12)
+    llm = FakeLLM(chatml_tokenizer, lambda ids, call: game_reply("Sokoban"), close=lambda c: False)
+    traj = play(config, chatml_tokenizer, llm)
+    assert all(len(t.response_ids) == 12 for t in traj.turns)
+    assert traj.metrics["truncated_turns"] == traj.num_turns
+
+
+def test_context_budget_ends_episode(chatml_tokenizer):
+    tok = chatml_tokenizer
+    llm = FakeLLM(tok, lambda ids, call: game_reply("Sokoban"))
+    full = play(SOKOBAN, tok, llm)
+    assert full.metrics["context_truncated"] == 0
+    budget = len(full.prompt_ids) + len(full.turns[0].response_ids) + SAMPLING.max_new_tokens + 5
+    llm = FakeLLM(tok, lambda ids, call: game_reply("Sokoban"))
+    cut = play(SOKOBAN, tok, llm, max_context_tokens=budget)
+    assert cut.num_turns == 1 and cut.metrics["context_truncated"] == 1
+    assert cut.response_ids == list(full.turns[0].response_ids)  # no dangling observation
+    with pytest.raises(ValueError, match="max_context_tokens"):
+        play(SOKOBAN, tok, FakeLLM(tok, lambda ids, call: ""), max_context_tokens=10)
+
+
+def test_history_window_rejected(chatml_tokenizer):
+    config = dataclasses.replace(SOKOBAN, history_window=2)
+    with pytest.raises(ValueError, match="history_window"):
+        play(config, chatml_tokenizer, FakeLLM(chatml_tokenizer, lambda i, c: ""))
+
+
+def test_turn_rewards_land_on_turn_ends_in_batch(tokenizer):
+    llm = FakeLLM(tokenizer, lambda ids, call: game_reply("Sokoban") if call else "junk")
+    traj = play(SOKOBAN, tokenizer, llm)
+    assert traj.turn_rewards[0] == SOKOBAN.format_penalty
+    batch = to_batch([traj], pad_token_id=0, reward_placement="turn")
+    rewards = batch["token_level_rewards"][0]
+    for pos, reward in zip(traj.turn_end_positions, traj.turn_rewards):
+        assert rewards[pos].item() == pytest.approx(reward)
+        assert batch["response_mask"][0, pos] == 1
+    assert rewards.sum().item() == pytest.approx(traj.episode_return)
+
+
+def test_chat_suffix_rejects_templates_that_rewrite_history(chatml_tokenizer):
+    class Weird:
+        """A template that puts text between an assistant reply and its end-of-turn token."""
+
+        def __init__(self, tok):
+            self.tok = tok
+
+        def apply_chat_template(self, messages, add_generation_prompt=False, tokenize=False):
+            return "".join(f"{m['content']} END<|im_end|>" for m in messages)
+
+        def __getattr__(self, name):
+            return getattr(self.tok, name)
+
+    with pytest.raises(ValueError, match="close an assistant turn"):
+        ChatSuffix(Weird(chatml_tokenizer))

@@ -1,0 +1,117 @@
+"""Groups (filtering, normalization), the batch layout and metrics on hand-made trajectories."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from agentrl.rollout import (
+    Trajectory,
+    filter_groups,
+    normalize_returns,
+    rollout_metrics,
+    to_batch,
+)
+
+
+def traj(group, ret, preset="p", prompt=(5, 6), response=(7, 8, 9, 10), mask=(1, 1, 0, 1),
+         ends=(1, 3), rewards=None, **metrics):
+    rewards = list(rewards) if rewards is not None else [0.0] * (len(ends) - 1) + [ret]
+    return Trajectory(
+        preset=preset, seed=100 + group, group_index=group, prompt_ids=list(prompt),
+        response_ids=list(response), response_mask=list(mask),
+        response_logprobs=[-0.1 * m for m in mask], turn_end_positions=list(ends),
+        turn_rewards=rewards, success=ret > 0, episode_return=ret, num_turns=len(ends),
+        metrics=dict(metrics), timings={"generate_s": 1.0, "env_s": 0.5, "tokenize_s": 0.25})
+
+
+# returns per group: std (unbiased) 0, ~0.577, 1.0 (hand-computed below)
+GROUPS = [[1.0, 1.0, 1.0, 1.0], [0.0, 1.0, 1.0, 1.0], [0.0, 0.0, 2.0, 2.0]]
+TRAJS = [traj(g, r) for g, rets in enumerate(GROUPS) for r in rets]
+
+
+def test_filter_std_keeps_highest_std_groups():
+    kept = filter_groups(TRAJS, filter_ratio=0.5, mode="std")  # ceil(1.5) = 2 groups
+    assert sorted({t.group_index for t in kept}) == [1, 2]
+    kept = filter_groups(TRAJS, filter_ratio=0.34, mode="std")  # ceil(1.02) = 2
+    assert sorted({t.group_index for t in kept}) == [1, 2]
+    kept = filter_groups(TRAJS, filter_ratio=0.2, mode="std")
+    assert {t.group_index for t in kept} == {2}
+    kept = filter_groups(TRAJS, filter_ratio=0.2, mode="std_rev")
+    assert {t.group_index for t in kept} == {0}
+    assert filter_groups(TRAJS, 1.0) == TRAJS
+    with pytest.raises(ValueError, match="filter mode"):
+        filter_groups(TRAJS, 0.5, mode="nope")
+
+
+def test_normalize_state_mean_std_by_hand():
+    scores = [t.score for t in normalize_returns(TRAJS, grouping="state", method="mean_std")]
+    assert scores[:4] == [0.0] * 4  # std 0 -> zeros
+    std1 = math.sqrt(((0 - 0.75) ** 2 + 3 * 0.25 ** 2) / 3)  # 0.5
+    assert scores[4:8] == pytest.approx([(r - 0.75) / (std1 + 1e-6) for r in GROUPS[1]])
+    std2 = math.sqrt(4 * 1.0 / 3)
+    assert scores[8:] == pytest.approx([(r - 1.0) / (std2 + 1e-6) for r in GROUPS[2]])
+
+
+def test_normalize_batch_and_asym_clip_and_identity():
+    rets = [r for g in GROUPS for r in g]
+    mean = sum(rets) / len(rets)
+    std = math.sqrt(sum((r - mean) ** 2 for r in rets) / (len(rets) - 1))
+    scores = [t.score for t in normalize_returns(TRAJS, grouping="batch", method="mean_std")]
+    assert scores == pytest.approx([(r - mean) / (std + 1e-6) for r in rets])
+    clipped = [t.score for t in normalize_returns(TRAJS, grouping="state", method="asym_clip")]
+    assert clipped[4] == pytest.approx(-1.0)  # (0 - 0.75) / 0.5 = -1.5 -> clipped to -1
+    assert clipped[5] == pytest.approx(0.25 / 0.5, rel=1e-4)
+    ident = [t.score for t in normalize_returns(TRAJS, method="identity")]
+    assert ident == rets
+    with pytest.raises(ValueError):
+        normalize_returns(TRAJS, grouping="nope")
+
+
+def test_format_penalty_is_in_the_normalized_return():
+    # a group where one member broke the format (-0.1) and the others got 0
+    group = [traj(0, -0.1, rewards=[-0.1, 0.0]), traj(0, 0.0), traj(0, 0.0)]
+    scores = [t.score for t in normalize_returns(group, method="mean_std")]
+    assert scores[0] < 0 < scores[1] == scores[2]
+
+
+def test_to_batch_layout():
+    a = traj(0, 1.0, rewards=[0.5, 0.5])
+    b = traj(1, 2.0, prompt=(1, 2, 3), response=(4, 5), mask=(1, 1), ends=(1,))
+    batch = to_batch([a, b], pad_token_id=0, reward_placement="turn")
+    assert batch["prompts"].tolist() == [[0, 5, 6], [1, 2, 3]]
+    assert batch["responses"].tolist() == [[7, 8, 9, 10], [4, 5, 0, 0]]
+    assert batch["input_ids"].tolist() == [[0, 5, 6, 7, 8, 9, 10], [1, 2, 3, 4, 5, 0, 0]]
+    assert batch["attention_mask"].tolist() == [[0, 1, 1, 1, 1, 1, 1], [1, 1, 1, 1, 1, 0, 0]]
+    assert batch["position_ids"].tolist() == [[0, 0, 1, 2, 3, 4, 5], [0, 1, 2, 3, 4, 4, 4]]
+    assert batch["response_mask"].tolist() == [[1, 1, 0, 1], [1, 1, 0, 0]]
+    assert torch.allclose(batch["rollout_log_probs"],
+                          torch.tensor([[-0.1, -0.1, 0.0, -0.1], [-0.1, -0.1, 0.0, 0.0]]))
+    assert batch["token_level_rewards"].tolist() == [[0, 0.5, 0, 0.5], [0, 2.0, 0, 0]]
+    last = to_batch([a, b], pad_token_id=0, reward_placement="last")
+    assert last["token_level_rewards"].tolist() == [[0, 0, 0, 1.0], [0, 2.0, 0, 0]]
+    scored = normalize_returns([a, b], grouping="batch", method="mean_std")
+    last = to_batch(scored, pad_token_id=0, reward_placement="last")
+    assert last["token_level_rewards"][0, 3].item() == pytest.approx(scored[0].score)
+    padded = to_batch([a], 0, max_prompt_length=4, max_response_length=6)
+    assert padded["input_ids"].shape == (1, 10)
+    with pytest.raises(ValueError, match="max_response_length"):
+        to_batch([a], 0, max_response_length=2)
+
+
+def test_metrics_names_and_values():
+    ts = [traj(0, 1.0, num_actions=4, num_valid=3, num_effective=2, format_errors=0,
+               truncated_turns=1, response_length=3, context_truncated=0),
+          traj(0, 0.0, num_actions=0, num_valid=0, num_effective=0, format_errors=2,
+               truncated_turns=0, response_length=5, context_truncated=1),
+          traj(1, 1.0, preset="q", num_actions=2, num_valid=2, num_effective=2)]
+    m = rollout_metrics(ts, split="val")
+    assert m["val/p/success"] == 0.5 and m["val/p/return"] == 0.5 and m["val/p/turns"] == 2
+    assert m["val/p/num_actions"] == 2 and m["val/p/action_is_valid"] == 0.75
+    assert m["val/p/action_is_effective"] == 0.5 and m["val/p/format_error"] == 0.5
+    assert m["val/p/response_length"] == 4 and m["val/p/truncated_turns"] == 0.5
+    assert m["val/p/context_truncated"] == 0.5 and m["val/q/action_is_valid"] == 1.0
+    assert m["timing/generate_s"] == 1.0 and m["timing/env_s"] == 0.5
+    assert m["timing/tokenize_s"] == 0.25
