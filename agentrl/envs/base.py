@@ -8,6 +8,7 @@ exception.
 
 from __future__ import annotations
 
+import operator
 import string
 from dataclasses import dataclass
 from typing import Any
@@ -72,10 +73,13 @@ class TextGameEnv(gymnasium.Env):
         self.num_steps = 0
         self.done = False
         self.success = False
+        self.episode_seed: int | None = None
+        """The seed of the last reset (None when reset drew one from entropy)."""
 
     # -- Gymnasium API -------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
         super().reset(seed=seed)
+        self.episode_seed = seed
         self.num_steps = 0
         self.done = False
         self.success = False
@@ -126,6 +130,18 @@ class TextGameEnv(gymnasium.Env):
 def seeded_child(rng, high: int = 2**31 - 1) -> int:
     """A seed drawn from an env's generator, for libraries that want an int seed."""
     return int(rng.integers(0, high))
+
+
+def checked_int(game: str, key: str, value: Any, low: int, high: int | None = None) -> int:
+    """``value`` as an int in [low, high], or a ValueError naming the game, key and range."""
+    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
+    try:
+        number = None if isinstance(value, bool) else operator.index(value)
+    except TypeError:
+        number = None
+    if number is None or number < low or (high is not None and number > high):
+        raise ValueError(f"{game}: {key} must be {allowed}, got {value!r}")
+    return number
 
 
 def resolve_preset(game: str, presets: dict[str, dict], name: str, **overrides: Any) -> dict:

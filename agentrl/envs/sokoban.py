@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import importlib.util
-import operator
 import random
 import threading
 from contextlib import contextmanager
@@ -13,7 +12,9 @@ from types import ModuleType
 
 import numpy as np
 
-from agentrl.envs.base import TextGameEnv, Transition, resolve_preset, seeded_child
+from agentrl.envs.base import (
+    TextGameEnv, Transition, checked_int, resolve_preset, seeded_child,
+)
 from agentrl.envs.search import shortest_plan
 
 PRESETS: dict[str, dict] = {
@@ -285,11 +286,14 @@ class SokobanEnv(TextGameEnv):
                                   num_gen_steps=num_gen_steps)
         self.preset = preset
         self.dim_room = _dims(settings["dim_room"])
-        self.num_boxes = _int_in("num_boxes", settings["num_boxes"], 1, _max_boxes(self.dim_room))
-        self.search_depth = _int_in("search_depth", settings["search_depth"], *SEARCH_DEPTH_RANGE)
+        self.num_boxes = checked_int("Sokoban", "num_boxes", settings["num_boxes"], 1,
+                                     _max_boxes(self.dim_room))
+        self.search_depth = checked_int("Sokoban", "search_depth", settings["search_depth"],
+                                        *SEARCH_DEPTH_RANGE)
         steps = settings["num_gen_steps"]
         default_steps = int(1.7 * sum(self.dim_room))
-        self.num_gen_steps = default_steps if steps is None else _int_in("num_gen_steps", steps, 1)
+        self.num_gen_steps = (default_steps if steps is None
+                              else checked_int("Sokoban", "num_gen_steps", steps, 1))
         self.fixed_board: str | None = None
         self.level: Level | None = None
         self.state: State | None = None
@@ -367,23 +371,11 @@ class SokobanEnv(TextGameEnv):
         return render_board(self.level, self.state)
 
 
-def _int_in(key: str, value, low: int, high: int | None = None) -> int:
-    """``value`` as an int in [low, high], or a ValueError naming the key and the range."""
-    allowed = f"an integer >= {low}" if high is None else f"an integer in [{low}, {high}]"
-    try:
-        number = operator.index(value)
-    except TypeError:
-        number = None
-    too_high = high is not None and number is not None and number > high
-    if number is None or isinstance(value, bool) or number < low or too_high:
-        raise ValueError(f"Sokoban: {key} must be {allowed}, got {value!r}")
-    return number
-
 
 def _dims(value) -> tuple[int, int]:
     if isinstance(value, str) or not hasattr(value, "__len__") or len(value) != 2:
         raise ValueError(f"Sokoban: dim_room must be (rows, columns), got {value!r}")
-    return tuple(_int_in("dim_room", side, *DIM_RANGE) for side in value)
+    return tuple(checked_int("Sokoban", "dim_room", side, *DIM_RANGE) for side in value)
 
 
 def _max_boxes(dim_room: tuple[int, int]) -> int:
