@@ -38,9 +38,10 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import torch
 
@@ -90,6 +91,8 @@ class GenerationStats:
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     """Wall time inside the decode loop (prefill + decode), summed over batches."""
+    prefill_seconds: float = 0.0
+    """The part of generation_seconds spent on the prompts' forward pass."""
     max_batch_size: int = 0
 
     @property
@@ -98,13 +101,21 @@ class GenerationStats:
 
     @property
     def tokens_per_second(self) -> float:
+        """Generated tokens per second of generation, prefill included."""
         return self.generated_tokens / self.generation_seconds if self.generation_seconds else 0.0
+
+    @property
+    def decode_tokens_per_second(self) -> float:
+        """Generated tokens per second of the token-by-token part alone."""
+        decode = self.generation_seconds - self.prefill_seconds
+        return self.generated_tokens / decode if decode > 0 else 0.0
 
     def as_dict(self) -> dict[str, float]:
         return {
             **asdict(self),
             "mean_batch_size": self.mean_batch_size,
             "tokens_per_second": self.tokens_per_second,
+            "decode_tokens_per_second": self.decode_tokens_per_second,
         }
 
 
@@ -226,7 +237,7 @@ class BatchingLLM:
                     [r.prompt_ids for r in batch],
                     [r.sampling for r in batch],
                 )
-            except Exception as error:  # the whole batch failed: every caller sees why
+            except Exception as error:  # noqa: BLE001 - the batch failed: every caller sees why
                 for request in batch:
                     if not request.future.done():
                         request.future.set_exception(error)
@@ -257,7 +268,7 @@ class BatchingLLM:
             return []
         start = time.perf_counter()
         with torch.inference_mode():
-            results = self._decode(prompts, list(samplings))
+            results, prefill_seconds = self._decode(prompts, list(samplings))
         seconds = time.perf_counter() - start
         with self._stats_lock:
             self.stats.requests += len(prompts)
@@ -265,12 +276,14 @@ class BatchingLLM:
             self.stats.prompt_tokens += sum(map(len, prompts))
             self.stats.generated_tokens += sum(len(ids) for ids, _ in results)
             self.stats.generation_seconds += seconds
+            self.stats.prefill_seconds += prefill_seconds
             self.stats.max_batch_size = max(self.stats.max_batch_size, len(prompts))
         return results
 
     def _decode(
         self, prompts: list[list[int]], samplings: list[SamplingParams]
-    ) -> list[tuple[list[int], list[float]]]:
+    ) -> tuple[list[tuple[list[int], list[float]]], float]:
+        """Results per prompt, and the seconds the prefill took."""
         from transformers import DynamicCache
 
         device, n = self.device, len(prompts)
@@ -291,7 +304,11 @@ class BatchingLLM:
         cache = DynamicCache(config=self.model.config)
         next_positions = position_ids[:, -1] + 1
 
+        start = time.perf_counter()
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+        prefill_seconds = time.perf_counter() - start
         while True:
             tokens, logprobs = _choose(logits, rows, self.generator)
             keep = []
@@ -303,7 +320,7 @@ class BatchingLLM:
                 if token not in stops[row] and len(ids) < limits[row]:
                     keep.append(batch_row)
             if not keep:
-                return outputs
+                return outputs, prefill_seconds
             if len(keep) < len(active):  # drop finished rows from every per-row tensor
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
@@ -360,7 +377,9 @@ class _RowParams:
         )
 
     def select(self, index: torch.Tensor) -> _RowParams:
-        return _RowParams(*(t[index] for t in (self.greedy, self.temperature, self.top_k, self.top_p)))
+        return _RowParams(
+            *(t[index] for t in (self.greedy, self.temperature, self.top_k, self.top_p))
+        )
 
 
 def _choose(
@@ -391,7 +410,9 @@ def _truncate(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
     if use_p.any():  # on the top-k-renormalized distribution, as vLLM and transformers do
         probs = torch.softmax(sorted_lp, dim=-1)
         before = probs.cumsum(dim=-1) - probs  # mass ranked above each token; keeps >= 1 token
-        sorted_lp = sorted_lp.masked_fill(use_p[:, None] & (before >= top_p[:, None]), float("-inf"))
+        sorted_lp = sorted_lp.masked_fill(
+            use_p[:, None] & (before >= top_p[:, None]), float("-inf")
+        )
     return torch.empty_like(logprobs).scatter_(-1, order, sorted_lp)
 
 

