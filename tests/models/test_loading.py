@@ -26,19 +26,7 @@ CHAT = [
 ]
 
 
-@pytest.fixture(autouse=True, scope="module")
-def one_torch_thread():
-    """One intra-op thread: a tiny model gains nothing from two, and on a busy 2-core machine
-    OpenMP's spinning threads make small batched matmuls ~10x slower (measured: 50 s vs 15 s for this suite)."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
-
-
-@pytest.fixture(scope="module")
-def tiny():
-    return load_model("tiny")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 @pytest.fixture(scope="module")
