@@ -36,7 +36,7 @@ import asyncio
 import dataclasses
 import math
 from collections import defaultdict
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
 
 import torch
 
@@ -63,10 +63,12 @@ async def run_groups(
     group_size: int,
     seeds: Iterable[int] | None = None,
     max_context_tokens: int,
+    on_episode_done: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """Run every episode of every group concurrently; trajectories in group order.
 
-    ``seeds`` gives one seed per group (default ``0..group_num-1``).
+    ``seeds`` gives one seed per group (default ``0..group_num-1``). ``on_episode_done`` is
+    called with each trajectory as its episode ends (for progress bars), in completion order.
     """
     pairs = list(presets.items()) if isinstance(presets, Mapping) else list(presets)
     if not pairs:
@@ -87,11 +89,19 @@ async def run_groups(
             jobs.append(run_episode(agent, seed, llm, tokenizer, sampling,
                                     max_context_tokens=max_context_tokens, group_index=g,
                                     preset=name, suffix=suffix))
+    if on_episode_done is not None:
+        jobs = [_reporting(job, on_episode_done) for job in jobs]
     try:
         return list(await asyncio.gather(*jobs))
     finally:
         for agent in agents:
             agent.close()
+
+
+async def _reporting(job: Awaitable[Trajectory], report: Callable[[Trajectory], None]) -> Trajectory:
+    trajectory = await job
+    report(trajectory)
+    return trajectory
 
 
 def group_trajectories(trajectories: Sequence[Trajectory]) -> dict[tuple, list[int]]:
