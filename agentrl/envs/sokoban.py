@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+
 import importlib.util
 import random
 import threading
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import cache
+from functools import cache, lru_cache
 from types import ModuleType
 
 import numpy as np
@@ -173,6 +174,14 @@ def reverse_play(lib: ModuleType, state: np.ndarray, structure: np.ndarray,
         lib.explored_states = set()  # up to 300k hashed rooms: do not keep them alive
 
 
+@lru_cache(maxsize=1024)
+def generated_room(seed: int, dim_room: tuple[int, int], num_boxes: int, search_depth: int,
+                   num_gen_steps: int) -> tuple[Level, State]:
+    """:func:`generate_room` as an immutable level, memoized: the members of an agent group
+    reset on the same seed, so the room is generated once per group, not once per agent."""
+    return level_from_arrays(*generate_room(seed, dim_room, num_boxes, search_depth, num_gen_steps))
+
+
 def level_from_arrays(structure: np.ndarray, state: np.ndarray) -> tuple[Level, State]:
     height, width = structure.shape
     level = Level(height, width, cells(structure == 0), cells(structure == 2))
@@ -321,12 +330,10 @@ class SokobanEnv(TextGameEnv):
         for _ in range(MAX_GENERATION_ATTEMPTS):
             seed = seeded_child(self.np_random)
             try:
-                structure, state = generate_room(seed, self.dim_room, self.num_boxes,
-                                                 self.search_depth, self.num_gen_steps)
+                return generated_room(seed, tuple(self.dim_room), self.num_boxes,
+                                      self.search_depth, self.num_gen_steps)
             except Exception as error:  # noqa: BLE001 - any library failure means "redraw"
                 errors.append(f"{type(error).__name__}: {error}")
-                continue
-            return level_from_arrays(structure, state)
         raise RuntimeError(
             f"Sokoban: gym-sokoban rejected {MAX_GENERATION_ATTEMPTS} rooms in a row for "
             f"dim_room={self.dim_room}, num_boxes={self.num_boxes}, search_depth="

@@ -32,20 +32,33 @@ gets exactly that list:
   ``Turn.truncated_by_length`` and ``metrics["truncated_turns"]``. The model is not trained to
   emit that token (it did not), and the reply text still goes to ``agent.step`` (usually a
   format error, since ``</answer>`` is missing).
-- *Context over budget*: a turn starts only if ``len(context) + max_new_tokens <=
-  max_context_tokens``; otherwise the episode ends there, the observation that did not fit is not
-  appended, and ``metrics["context_truncated"] = 1``. We end the episode rather than drop old
-  turns because dropping turns means re-rendering the history, which breaks token-in/token-out:
-  the stored sequence would no longer be what the model saw. For the same reason
-  ``AgentConfig.history_window`` is not applied here (the model sees the full history); a preset
-  with ``history_window > 0`` is rejected.
+- *Context over budget* (drop the oldest turns, keep the instructions): a turn is generated
+  from ``prompt_ids + response_ids[window_start:]``. The response is a chain of *turn blocks*,
+  each a reply (with its closing token) followed by the observation suffix after it, so the
+  chat stays well formed whichever blocks are left out. Before each generation, while
+  ``len(context) + max_new_tokens > max_context_tokens`` and more than one block is in the
+  context, the oldest block leaves it (``window_start`` moves to the next block). The first
+  prompt (system prompt, instructions, rules, initial state) is always kept, and so is the
+  newest block (the last reply and the current state). Blocks are dropped as token spans:
+  nothing is re-rendered or re-tokenized. The trajectory still stores the whole episode (every
+  token, with its mask), so training sees all turns; the log-probs of a reply generated from a
+  shortened context are those of that context (the trainer recomputes old log-probs on the
+  stored sequence anyway). Counted per episode in ``metrics["dropped_turns"]`` (blocks left
+  out of the context at the end) and ``metrics["context_truncated"]`` (1 when any was). When
+  even the first prompt + the newest block + ``max_new_tokens`` do not fit, the episode ends
+  there (``metrics["context_exhausted"] = 1``) and the observation that did not fit is not kept. ``AgentConfig.history_window = K`` uses the
+  same mechanism: at most the last K blocks are in the context.
 - ``max_new_tokens`` per reply is ``min(sampling.max_new_tokens, config.max_response_tokens)``;
   the end-of-turn ids are added to ``stop_token_ids``.
-- Environments step synchronously on the event loop (they take microseconds to milliseconds).
+- Environment steps (``agent.step``) run in a worker thread (``asyncio.to_thread``) so a slow
+  game (TextWorld's interpreter) never holds up other episodes' generation requests. Resets run
+  on the event loop before the first ``await``: in a group they then run one after another in
+  gather order, so the first member generates the game and the others reuse it.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import time
 from typing import Any, Protocol, Sequence
@@ -104,6 +117,17 @@ class ChatSuffix:
         return list(self.tokenizer.encode(suffix, add_special_tokens=False))
 
 
+def _window_start(block_starts: list[int], current: int, history_window: int,
+                  spare: int) -> int:
+    """Start of the context window in the response. The oldest turn blocks are dropped until
+    the window fits (a window starting at ``start`` fits when ``start >= -spare``), at most
+    ``history_window`` blocks stay (0 = no limit), and the newest block always stays."""
+    kept = [b for b in block_starts if b >= current]
+    while len(kept) > 1 and (kept[0] < -spare or 0 < history_window < len(kept)):
+        kept.pop(0)
+    return kept[0] if kept else current
+
+
 def first_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
     """The opening chat with the generation prompt, as ids."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -130,9 +154,6 @@ async def run_episode(
     of one tokenizer (it is stateless after construction).
     """
     config = agent.config
-    if config.history_window > 0:
-        raise ValueError("history_window > 0 cannot be applied token-in/token-out "
-                         "(it would re-render the history); use 0")
     suffix = suffix or ChatSuffix(tokenizer)
     stop_ids = end_of_turn_ids(tokenizer)
     max_new = min(sampling.max_new_tokens, config.max_response_tokens)
@@ -156,16 +177,26 @@ async def run_episode(
     logprobs: list[float] = []
     turns: list[Turn] = []
     turn_ends: list[int] = []
+    block_starts: list[int] = []  # where each turn block (reply + next observation) begins
+    window_start = 0  # context = prompt_ids + response_ids[window_start:]
     next_prompt = list(prompt_ids)
-    context_truncated = False
-    done = False
-    while not done:
+    context_exhausted = False
+    reply_end = 0
+    while True:
+        needed = len(prompt_ids) + len(response_ids) + max_new  # with the whole response
+        window_start = _window_start(block_starts, window_start, config.history_window,
+                                     spare=max_context_tokens - needed)
+        if len(prompt_ids) + len(response_ids) - window_start + max_new > max_context_tokens:
+            context_exhausted = True  # the observation that does not fit is not kept
+            del response_ids[reply_end:], mask[reply_end:], logprobs[reply_end:]
+            break
         start = time.perf_counter()
-        ids, lps = await llm.generate(prompt_ids + response_ids, sampling)
+        ids, lps = await llm.generate(prompt_ids + response_ids[window_start:], sampling)
         timings["generate_s"] += time.perf_counter() - start
         ids, lps = [int(t) for t in ids], [float(x) for x in lps]
         if len(ids) != len(lps) or not ids:
             raise ValueError(f"llm.generate returned {len(ids)} ids and {len(lps)} logprobs")
+        block_starts.append(len(response_ids))
         response_ids += ids
         mask += [1] * len(ids)
         logprobs += lps
@@ -178,22 +209,20 @@ async def run_episode(
 
         start = time.perf_counter()
         text = tokenizer.decode(ids, skip_special_tokens=True)
-        result = agent.step(text)
+        result = await asyncio.to_thread(agent.step, text)
         timings["env_s"] += time.perf_counter() - start
         turns.append(Turn(
             prompt_ids=tuple(next_prompt), response_ids=tuple(ids), logprobs=tuple(lps),
             reward=float(result.reward), format_ok=result.format_ok,
             num_actions=result.num_actions, num_valid=result.num_valid_actions,
-            num_effective=result.num_effective_actions, truncated_by_length=cut, text=text))
-        done = result.done
-        if done:
+            num_effective=result.num_effective_actions, truncated_by_length=cut, text=text,
+            context_start=window_start))
+        if result.done:
             break
         start = time.perf_counter()
         next_prompt = suffix(result.messages)
         timings["tokenize_s"] += time.perf_counter() - start
-        if len(prompt_ids) + len(response_ids) + len(next_prompt) + max_new > max_context_tokens:
-            context_truncated = True
-            break
+        reply_end = len(response_ids)
         response_ids += next_prompt
         mask += [0] * len(next_prompt)
         logprobs += [0.0] * len(next_prompt)
@@ -206,7 +235,9 @@ async def run_episode(
         "num_effective": float(sum(t.num_effective for t in turns)),
         "format_errors": float(sum(not t.format_ok for t in turns)),
         "truncated_turns": float(sum(t.truncated_by_length for t in turns)),
-        "context_truncated": float(context_truncated),
+        "dropped_turns": float(sum(1 for b in block_starts if b < window_start)),
+        "context_truncated": float(window_start > 0 or context_exhausted),
+        "context_exhausted": float(context_exhausted),
         "response_length": float(sum(mask)),
     }
     return Trajectory(

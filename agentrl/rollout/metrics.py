@@ -7,8 +7,10 @@ Per preset (means over that preset's episodes unless said otherwise):
 
 - ``success`` (rate), ``return`` (episode return, format penalties included), ``turns``,
   ``num_actions`` (actions run per episode), ``response_length`` (model tokens per episode),
-  ``truncated_turns`` (replies cut by the length limit, per episode), ``context_truncated``
-  (rate of episodes ended by the context budget).
+  ``truncated_turns`` (replies cut by the length limit, per episode), ``dropped_turns`` (turns
+  left out of the context by the budget or the history window, per episode),
+  ``context_truncated`` (rate of episodes that dropped any), ``context_exhausted`` (rate of
+  episodes ended because even the newest turn no longer fit).
 - ``action_is_valid`` / ``action_is_effective``: valid / effective actions over all actions run
   by the preset (0 when none ran); ``format_error``: malformed replies over all replies.
 
@@ -58,7 +60,9 @@ def rollout_metrics(trajectories: Sequence[Trajectory], split: str = "train") ->
             f"{p}/format_error": _ratio(sum(m("format_errors")), turns),
             f"{p}/response_length": _mean(m("response_length")),
             f"{p}/truncated_turns": _mean(m("truncated_turns")),
+            f"{p}/dropped_turns": _mean(m("dropped_turns")),
             f"{p}/context_truncated": _mean(m("context_truncated")),
+            f"{p}/context_exhausted": _mean(m("context_exhausted")),
         })
     for key in TIMING_KEYS:
         out[f"timing/{key}"] = _mean([t.timings.get(key, 0.0) for t in trajectories])

@@ -38,6 +38,9 @@ class Turn:
     appending the end-of-turn token with mask 0."""
     text: str = ""
     """The decoded reply handed to ``Agent.step``."""
+    context_start: int = 0
+    """The model saw ``prompt_ids + response_ids[context_start:]`` (of the trajectory) for this
+    reply: > 0 when older turns were dropped from its context (see the rollout's rules)."""
 
 
 @dataclass(frozen=True)
@@ -65,7 +68,9 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     """Per-episode counts: ``num_actions``, ``num_valid``, ``num_effective``, ``format_errors``,
-    ``truncated_turns``, ``context_truncated`` (0/1), ``response_length`` (model tokens)."""
+    ``truncated_turns``, ``dropped_turns`` (turns left out of the context), ``context_truncated``
+    (0/1: any turn was), ``context_exhausted`` (0/1: the episode ended for lack of context),
+    ``response_length`` (model tokens)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds this episode spent in ``generate_s``, ``env_s``, ``tokenize_s``."""
     score: float | None = None

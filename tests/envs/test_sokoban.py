@@ -229,7 +229,25 @@ def test_composed_generator_matches_gym_sokoban_at_its_own_depth():
         assert np.array_equal(structure, expected[0]) and np.array_equal(state, expected[1])
 
 
-def test_search_depth_reaches_the_generator(monkeypatch):
+@pytest.fixture
+def fresh_rooms():
+    """Generator tests patch the library calls: start and end with an empty room memo."""
+    sokoban.generated_room.cache_clear()
+    yield
+    sokoban.generated_room.cache_clear()
+
+
+def test_a_group_generates_its_room_once(monkeypatch, fresh_rooms):
+    calls = []
+    real = sokoban.generate_room
+    monkeypatch.setattr(sokoban, "generate_room", lambda *args: calls.append(args) or real(*args))
+    members = [SokobanEnv(preset="8x8").reset(seed=11)[0] for _ in range(4)]
+    assert len(set(members)) == 1 and len(calls) == 1
+    SokobanEnv(preset="8x8").reset(seed=12)
+    assert len(calls) == 2
+
+
+def test_search_depth_reaches_the_generator(monkeypatch, fresh_rooms):
     depths = []
     real = sokoban.reverse_play
     monkeypatch.setattr(sokoban, "reverse_play",
@@ -240,7 +258,7 @@ def test_search_depth_reaches_the_generator(monkeypatch):
     assert depths[0] == 30 and depths[-1] == 42
 
 
-def test_rejected_rooms_are_redrawn_deterministically(monkeypatch):
+def test_rejected_rooms_are_redrawn_deterministically(monkeypatch, fresh_rooms):
     real = sokoban.generate_room
 
     def reset_with_two_rejections(seed: int) -> tuple[str, list[int]]:
@@ -255,6 +273,7 @@ def test_rejected_rooms_are_redrawn_deterministically(monkeypatch):
             return real(child_seed, *args)
 
         monkeypatch.setattr(sokoban, "generate_room", flaky)
+        sokoban.generated_room.cache_clear()
         return SokobanEnv().reset(seed=seed)[0], calls
 
     first, first_calls = reset_with_two_rejections(5)
@@ -263,7 +282,7 @@ def test_rejected_rooms_are_redrawn_deterministically(monkeypatch):
     assert len(first_calls) >= 3 and len(set(first_calls)) == len(first_calls)
 
 
-def test_generator_that_always_fails_gives_a_clear_error(monkeypatch):
+def test_generator_that_always_fails_gives_a_clear_error(monkeypatch, fresh_rooms):
     def broken(*args):
         raise RuntimeWarning("Generated Model with score == 0")
 

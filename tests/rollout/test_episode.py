@@ -7,7 +7,7 @@ import dataclasses
 
 import pytest
 
-from agentrl.agents import Agent, load_agent_presets
+from agentrl.agents import Agent, format_response, load_agent_presets
 from agentrl.engines import SamplingParams
 from agentrl.models import end_of_turn_ids
 from agentrl.rollout import ChatSuffix, run_episode, to_batch
@@ -107,24 +107,58 @@ def test_max_new_tokens_is_capped_by_preset(chatml_tokenizer):
     assert traj.metrics["truncated_turns"] == traj.num_turns
 
 
-def test_context_budget_ends_episode(chatml_tokenizer):
+def check_contexts(traj, llm, budget=None, window=None):
+    """Turn k saw the first prompt + the stored response from its ``context_start`` on."""
+    assert len(llm.calls) == traj.num_turns
+    for k, (seen, turn) in enumerate(zip(llm.calls, traj.turns)):
+        begin = traj.turn_end_positions[k] - len(turn.response_ids) + 1
+        assert seen == traj.prompt_ids + traj.response_ids[turn.context_start: begin]
+        if budget is not None:
+            assert len(seen) + SAMPLING.max_new_tokens <= budget
+        if window is not None and k >= window:  # the reply `window` turns back starts it
+            assert turn.context_start == traj.turn_end_positions[k - window] - len(
+                traj.turns[k - window].response_ids) + 1
+
+
+def wandering_reply(ids, call):
+    """Moves that never solve a 6x6 room on their own: the episode uses all its turns."""
+    return format_response(["Left", "Right"][call % 2:][:1], separator="||", think="go")
+
+
+def test_context_budget_drops_oldest_turns_and_goes_on(chatml_tokenizer):
     tok = chatml_tokenizer
-    llm = FakeLLM(tok, lambda ids, call: game_reply("Sokoban"))
-    full = play(SOKOBAN, tok, llm)
-    assert full.metrics["context_truncated"] == 0
-    budget = len(full.prompt_ids) + len(full.turns[0].response_ids) + SAMPLING.max_new_tokens + 5
-    llm = FakeLLM(tok, lambda ids, call: game_reply("Sokoban"))
+    full = play(SOKOBAN, tok, FakeLLM(tok, wandering_reply))
+    assert full.num_turns >= 3 and full.metrics["context_truncated"] == 0
+    block = len(full.response_ids) // full.num_turns
+    budget = len(full.prompt_ids) + 2 * block + SAMPLING.max_new_tokens
+    llm = FakeLLM(tok, wandering_reply)
     cut = play(SOKOBAN, tok, llm, max_context_tokens=budget)
-    assert cut.num_turns == 1 and cut.metrics["context_truncated"] == 1
+    assert cut.num_turns == full.num_turns and cut.response_ids == full.response_ids
+    assert cut.response_mask == full.response_mask
+    assert cut.metrics["context_truncated"] == 1 and cut.metrics["dropped_turns"] >= 1
+    assert cut.metrics["context_exhausted"] == 0
+    assert cut.turns[-1].context_start > 0
+    check_contexts(cut, llm, budget=budget)
+
+
+def test_history_window_keeps_the_last_turns(chatml_tokenizer):
+    tok = chatml_tokenizer
+    config = dataclasses.replace(SOKOBAN, history_window=1)
+    llm = FakeLLM(tok, wandering_reply)
+    traj = play(config, tok, llm)
+    assert traj.num_turns >= 3 and traj.metrics["dropped_turns"] == traj.num_turns - 2
+    check_contexts(traj, llm, window=1)
+
+
+def test_context_exhausted_ends_episode_without_dangling_observation(chatml_tokenizer):
+    tok = chatml_tokenizer
+    full = play(SOKOBAN, tok, FakeLLM(tok, wandering_reply))
+    budget = len(full.prompt_ids) + len(full.turns[0].response_ids) + SAMPLING.max_new_tokens + 5
+    cut = play(SOKOBAN, tok, FakeLLM(tok, wandering_reply), max_context_tokens=budget)
+    assert cut.num_turns == 1 and cut.metrics["context_exhausted"] == 1
     assert cut.response_ids == list(full.turns[0].response_ids)  # no dangling observation
     with pytest.raises(ValueError, match="max_context_tokens"):
         play(SOKOBAN, tok, FakeLLM(tok, lambda ids, call: ""), max_context_tokens=10)
-
-
-def test_history_window_rejected(chatml_tokenizer):
-    config = dataclasses.replace(SOKOBAN, history_window=2)
-    with pytest.raises(ValueError, match="history_window"):
-        play(config, chatml_tokenizer, FakeLLM(chatml_tokenizer, lambda i, c: ""))
 
 
 def test_turn_rewards_land_on_turn_ends_in_batch(tokenizer):
