@@ -11,7 +11,8 @@ An episode, turn by turn:
 1. ``reset(seed)``: the system prompt, then one user message with the preset's instructions,
    the game's ``rules``, the answer format, the limits and the initial state.
 2. ``step(reply)``: the reply is parsed (:mod:`agentrl.agents.parsing`).
-   - Bad format: reward = ``format_penalty``, no env step, the turn is used up.
+   - Bad format (by the preset's ``answer_format``): reward = ``format_penalty``, no env
+     step, the turn is used up.
    - Good format: at most ``max_actions_per_turn`` actions (the rest are dropped), and no more
      than the actions left of ``max_actions_all_turns``, run in order until the game ends.
      Reward = the sum of the env's rewards for them. Invalid actions are the game's business
@@ -62,6 +63,7 @@ GAME_SPECS: dict[str, GameSpec] = {
     "Tetris": GameSpec(("Left", "Down", "Down"), "Board:"),
     "BlocksWorld": GameSpec(("move 2 to 0", "move 1 to 2"), ""),  # "Current state: ... Goal..."
     "TextWorld": GameSpec(("open box", "take key from box"), ""),  # "Goal: ... Admissible..."
+    "Bandit": GameSpec(("A",), ""),  # "Pick one arm: A, B"
 }
 
 
@@ -138,7 +140,8 @@ class Agent:
         self.turn += 1
         parsed = parse_response(response_text, enable_think=config.enable_think,
                                 separator=config.action_separator,
-                                max_actions=config.max_actions_per_turn)
+                                max_actions=config.max_actions_per_turn,
+                                answer_format=config.answer_format)
         to_run = parsed.actions[: self.actions_left] if parsed.format_ok else ()
         run, invalid, reward, valid, effective = [], [], 0.0, 0, 0
         terminated = truncated = False
@@ -195,6 +198,12 @@ class Agent:
         config = self.config
         examples = self.spec.example_actions[: config.max_actions_per_turn]
         separator = config.action_separator
+        if config.answer_format == "plain":
+            example = format_response(examples, separator=separator, answer_format="plain")
+            what = ("one action" if config.max_actions_per_turn == 1
+                    else f"your actions, separated by '{separator}',")
+            return (f"Answer format: reply with {what} and nothing else: no tags, no "
+                    f"explanation.\nExample: {example}")
         if config.enable_think:
             example = format_response(examples, separator=separator, think="...")
             return ("Answer format: first your reasoning inside <think></think>, then your "
@@ -256,8 +265,10 @@ class Agent:
         return list(self.env.unwrapped.valid_actions()) or list(self.spec.example_actions)
 
     def _reply(self, actions: list[str], think: str) -> str:
-        return format_response(actions, separator=self.config.action_separator,
-                               think=think if self.config.enable_think else None)
+        config = self.config
+        return format_response(actions, separator=config.action_separator,
+                               think=think if config.enable_think else None,
+                               answer_format=config.answer_format)
 
     def close(self) -> None:
         self.env.close()

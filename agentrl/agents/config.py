@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from agentrl.agents.parsing import ANSWER_FORMATS
 from agentrl.envs import GAMES
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "agents.yaml"
@@ -43,7 +44,8 @@ class AgentConfig:
     it as read-only."""
 
     game: str
-    """Which game: a key of ``agentrl.envs.GAMES`` (Sokoban, Tetris, BlocksWorld, TextWorld)."""
+    """Which game: a key of ``agentrl.envs.GAMES`` (Sokoban, Tetris, BlocksWorld, TextWorld,
+    Bandit)."""
     env_kwargs: dict = field(default_factory=dict)
     """Passed to ``gymnasium.make("agentrl/<game>-v0", **env_kwargs)``: ``preset`` + overrides."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
@@ -52,6 +54,10 @@ class AgentConfig:
     """Extra text opening the first user message; the game's ``rules`` always follow it."""
     enable_think: bool = True
     """Require ``<think>…</think>`` before ``<answer>…</answer>`` (else answer only)."""
+    answer_format: str = "tagged"
+    """``tagged``: actions inside ``<answer></answer>`` (the rules above); ``plain``: the whole
+    reply is the answer, no tags (for a tiny model on a one-word task; needs
+    ``enable_think=False``). See :mod:`agentrl.agents.parsing`."""
     max_turns: int = 6
     """Model replies per episode; the episode ends after this many."""
     max_actions_per_turn: int = 5
@@ -79,6 +85,9 @@ class AgentConfig:
             value = getattr(self, key)
             if not ok(value):
                 raise ValueError(f"{key}={value!r} is not allowed; allowed: {allowed}")
+        if self.answer_format == "plain" and self.enable_think:
+            raise ValueError("enable_think=True is not allowed with answer_format='plain'; "
+                             "allowed: enable_think=false (a plain reply has no think block)")
 
 
 def _is_int(value: Any, low: int) -> bool:
@@ -101,6 +110,8 @@ RULES: dict[str, tuple[Any, str]] = {
     "system_prompt": (lambda v: isinstance(v, str), "a string"),
     "instructions": (lambda v: isinstance(v, str), "a string ('' for none)"),
     "enable_think": (lambda v: isinstance(v, bool), "true or false"),
+    "answer_format": (lambda v: isinstance(v, str) and v in ANSWER_FORMATS,
+                      f"one of {list(ANSWER_FORMATS)}"),
     "max_turns": (lambda v: _is_int(v, 1), "an integer >= 1"),
     "max_actions_per_turn": (lambda v: _is_int(v, 1), "an integer >= 1"),
     "max_actions_all_turns": (lambda v: _is_int(v, 1), "an integer >= 1"),

@@ -17,6 +17,7 @@ GAMES = {
     "Tetris": "agentrl.envs.tetris:TetrisEnv",
     "BlocksWorld": "agentrl.envs.blocksworld:BlocksWorldEnv",
     "TextWorld": "agentrl.envs.textworld:TextWorldEnv",
+    "Bandit": "agentrl.envs.bandit:BanditEnv",
 }
 """Game name -> lazy entry point (modules import only when an env is made)."""
 

@@ -59,4 +59,6 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("TextWorld", "easy", False),
     Variant("TextWorld", "medium", True, "more rooms and objects, longer quest"),
     Variant("TextWorld", "hard", True, "larger world, longest quest"),
+    Variant("Bandit", "2arms", False),
+    Variant("Bandit", "4arms", False),  # a sanity check: no harder twin to hold out
 )

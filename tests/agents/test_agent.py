@@ -9,13 +9,15 @@ import gymnasium
 import numpy as np
 import pytest
 
-from agentrl.agents import Agent, AgentConfig, apply_history_window, load_agent_presets
+from agentrl.agents import (
+    Agent, AgentConfig, agent_presets_from_dict, apply_history_window, load_agent_presets,
+)
 from agentrl.agents.parsing import parse_response
 from agentrl.envs import env_id
 
 PRESETS = load_agent_presets(check_envs=False)
 ONE_PER_GAME = ["simpleSokobanAgent", "tetrisType1Agent", "blocksworldTextAgent",
-                "textworldEasyAgent"]
+                "textworldEasyAgent", "banditAgent"]
 
 
 def config(name: str = "tetrisType1Agent", **changes) -> AgentConfig:
@@ -210,3 +212,87 @@ def test_agent_history_uses_the_preset_window():
     window = agent.history(messages)
     assert window[:2] == messages[:2] and window[2:] == messages[-2:]
     assert len(window) == 4 and "Turn 4 of 11" in window[-1]["content"]
+
+
+# -- plain answers (Bandit) ------------------------------------------------------------------------
+PLAIN_BANDIT = {
+    "game": "Bandit", "env_kwargs": {"arms": ["the", "of", "and"], "golden_arm": "of"},
+    "answer_format": "plain", "enable_think": False, "max_turns": 1,
+    "max_actions_per_turn": 1, "max_actions_all_turns": 1,
+}
+
+
+def plain_bandit(**changes) -> Agent:
+    return Agent(agent_presets_from_dict({"plainBandit": {**PLAIN_BANDIT, **changes}})
+                 ["plainBandit"])
+
+
+def test_plain_prompt_shows_a_plain_example_and_no_tags():
+    agent = plain_bandit()
+    text = agent.reset(seed=0)[-1]["content"]
+    assert "Pick one arm: the, of, and" in text and agent.env.unwrapped.rules in text
+    assert "Example: A" in text and "one action" in text
+    assert "<answer>" not in text and "<think>" not in text
+
+
+@pytest.mark.parametrize("reply", ["of", " Of\n", "OF"])
+def test_plain_reply_that_is_just_the_arm_wins(reply):
+    agent = plain_bandit()
+    agent.reset(seed=0)
+    result = agent.step(reply)
+    assert result.format_ok and result.success and result.done and result.reward == 1.0
+    assert result.info["actions"] == [reply.strip()]
+
+
+def test_plain_oracle_and_random_replies_are_plain_and_play():
+    agent = plain_bandit()
+    agent.reset(seed=5)
+    oracle = agent.oracle_response()
+    assert oracle == "of"
+    result = agent.step(oracle)
+    assert result.success and result.reward == 1.0 and result.messages == []
+    rng = random.Random(0)
+    pulls = set()
+    for seed in range(30):
+        agent.reset(seed=seed)
+        reply = agent.random_response(rng)
+        assert "<" not in reply
+        result = agent.step(reply)
+        assert result.format_ok and result.num_valid_actions == 1 and result.done
+        assert result.reward == float(reply == "of")
+        pulls.add(reply)
+    assert pulls == {"the", "of", "and"}
+
+
+def test_plain_other_arm_pays_zero_and_empty_reply_costs_the_penalty():
+    agent = plain_bandit(format_penalty=-0.5)
+    agent.reset(seed=0)
+    other = agent.step("and")
+    assert other.format_ok and not other.success and other.reward == 0.0 and other.done
+    agent.reset(seed=0)
+    empty = agent.step("   ")
+    assert not empty.format_ok and empty.reward == -0.5 and empty.done
+    assert empty.info["format_error"] == "empty reply: no action"
+    assert agent.env.unwrapped.num_steps == 0
+
+
+def test_tagged_bandit_agent_reads_tags_and_plain_agent_does_not():
+    reply = "<answer>of</answer>"
+    tagged = Agent(config("banditAgent", env_kwargs=PLAIN_BANDIT["env_kwargs"]))
+    tagged.reset(seed=0)
+    assert tagged.step(reply).success
+    plain = plain_bandit()
+    plain.reset(seed=0)
+    result = plain.step(reply)
+    assert result.format_ok and not result.success and result.num_valid_actions == 0
+
+
+@pytest.mark.parametrize("changes, words", [
+    ({"answer_format": "xml"}, ["'plainBandit'", "answer_format='xml'", "['tagged', 'plain']"]),
+    ({"answer_format": None}, ["answer_format=None", "['tagged', 'plain']"]),
+    ({"enable_think": True}, ["'plainBandit'", "enable_think=True", "answer_format='plain'"]),
+])
+def test_answer_format_is_validated(changes, words):
+    with pytest.raises(ValueError) as error:
+        plain_bandit(**changes)
+    assert all(word in str(error.value) for word in words), str(error.value)

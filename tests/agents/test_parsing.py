@@ -137,3 +137,72 @@ def test_round_trip(actions, think, thought):
     assert parsed.actions == tuple(actions[:5])
     assert parsed.dropped_actions == max(0, len(actions) - 5)
     assert parsed.think == (thought.strip() if think else "")
+
+
+# -- plain answers ---------------------------------------------------------------------------------
+def parse_plain(text, *, separator="||", max_actions=5, think=False):
+    return parse_response(text, enable_think=think, separator=separator, max_actions=max_actions,
+                          answer_format="plain")
+
+
+PLAIN_GOOD = [
+    # (reply, actions)
+    ("A", ("A",)),
+    ("  the \n", ("the",)),
+    ("Up || Left", ("Up", "Left")),
+    ("Up |||| Left ||", ("Up", "Left")),
+    ("move   2\tto 0", ("move 2 to 0",)),
+    ("Up\nDown", ("Up Down",)),
+    ("<answer>Up</answer>", ("<answer>Up</answer>",)),  # tags are only text here
+    ("<think>x</think> B", ("<think>x</think> B",)),
+]
+
+
+@pytest.mark.parametrize("reply, actions", PLAIN_GOOD)
+@pytest.mark.parametrize("think", [False, True])  # enable_think plays no part
+def test_plain_reply_is_the_answer(reply, actions, think):
+    parsed = parse_plain(reply, think=think)
+    assert parsed.format_ok and parsed.error is None
+    assert parsed.actions == actions and parsed.think == "" and parsed.dropped_actions == 0
+
+
+@pytest.mark.parametrize("reply", ["", "   ", "\n\t", " || || ", None])
+def test_empty_plain_reply_is_a_format_error(reply):
+    parsed = parse_plain(reply)
+    assert not parsed.format_ok and parsed.actions == ()
+    assert parsed.error == "empty reply: no action"
+
+
+def test_plain_keeps_max_actions_and_counts_the_rest():
+    parsed = parse_plain("a; b; c; d", separator=";", max_actions=1)
+    assert parsed.actions == ("a",) and parsed.dropped_actions == 3
+
+
+def test_unknown_answer_format_is_a_caller_error():
+    with pytest.raises(ValueError, match=r"answer_format='xml'.*\['tagged', 'plain'\]"):
+        parse_response("A", enable_think=False, separator="||", max_actions=1,
+                       answer_format="xml")
+    with pytest.raises(ValueError, match="answer_format"):
+        format_response(["A"], answer_format="xml")
+    with pytest.raises(ValueError, match="think"):
+        format_response(["A"], think="x", answer_format="plain")
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=st.one_of(st.text(max_size=400), TAG_SOUP), think=st.booleans(),
+       max_actions=st.integers(0, 6), separator=st.sampled_from(["||", ";", ",", "|"]))
+def test_plain_never_raises_and_takes_the_whole_text(text, think, max_actions, separator):
+    parsed = parse_plain(text, think=think, separator=separator, max_actions=max_actions)
+    pieces = [" ".join(piece.split()) for piece in text.split(separator)]
+    expected = [piece for piece in pieces if piece]
+    assert parsed.format_ok == bool(expected)
+    assert parsed.actions == tuple(expected[:max_actions])
+    assert parsed.dropped_actions == (max(0, len(expected) - max_actions) if expected else 0)
+    assert parsed.think == ""
+
+
+@settings(max_examples=200, deadline=None)
+@given(actions=st.lists(ACTION, min_size=1, max_size=8))
+def test_plain_round_trip(actions):
+    parsed = parse_plain(format_response(actions, separator="||", answer_format="plain"))
+    assert parsed.format_ok and parsed.actions == tuple(actions[:5])
