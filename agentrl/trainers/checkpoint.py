@@ -1,0 +1,357 @@
+"""Checkpoints a run can resume from: written atomically, found by step, the last K kept.
+
+    state = {"optimizers": {...}, "schedulers": {...}, "rng": capture_rng_state(), "step": 12}
+    save_checkpoint(run_dir, 12, models={"actor": (model, tokenizer)},
+                    tensors={"critic": value_head.state_dict(), "trainer_state": state},
+                    config=cfg, keep_last=3)
+    path = resume_checkpoint(run_dir, "auto")       # newest complete one, or None
+    loaded = load_checkpoint(path)
+    restore_weights(model, loaded.model_dirs["actor"])
+    restore_rng_state(loaded.tensors["trainer_state"]["rng"])
+
+Layout, one folder per step::
+
+    <run_dir>/checkpoints/step_000012/
+        actor/              save_pretrained() of each object given for "actor" (model or peft
+                            adapter, tokenizer)
+        critic.pt           torch.save() of each entry of ``tensors``
+        trainer_state.pt
+        config.yaml         the resolved config, secrets redacted (tracking.public_config)
+        COMPLETE            written last: {"step", "saved_at", "files": {relative path: bytes}}
+
+**Atomic.** Everything is written (and fsynced) into ``step_000012.tmp-<pid>``, the marker
+last, and the folder is then renamed to ``step_000012``. A crash at any point leaves either no
+``step_*`` folder or a complete one. A checkpoint counts only if its marker parses, names its
+step, and every file it lists exists with the listed size, so a folder copied half-way or
+truncated is ignored too. Leftovers (temporary folders of processes that are gone, folders
+without a valid marker) are deleted at the next save. Old checkpoints are renamed away before
+they are deleted, so a crash while pruning never leaves a folder that still looks complete.
+
+**Loading.** ``*.pt`` files load with ``torch.load(weights_only=True)``: tensors, containers and
+plain numbers only, no pickled code (RNG states are stored in that form). Model folders are HF
+folders: pass them to ``from_pretrained`` / ``load_model`` or restore into a built model with
+:func:`restore_weights` (keeps the parameter objects an optimizer already holds).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import re
+import shutil
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import yaml
+
+from agentrl.trainers.tracking import fsync_dir, public_config
+
+__all__ = [
+    "CHECKPOINTS_DIR", "MARKER", "RESUME_MODES", "LoadedCheckpoint", "capture_rng_state",
+    "checkpoint_step", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
+    "restore_rng_state", "restore_weights", "resume_checkpoint", "save_checkpoint",
+]
+
+CHECKPOINTS_DIR = "checkpoints"
+MARKER = "COMPLETE"
+CONFIG_FILE = "config.yaml"
+RESUME_MODES = ("auto", "never")
+
+STEP_DIR = re.compile(r"step_(\d+)")
+LEFTOVER_DIR = re.compile(r"step_\d+\.(tmp|old|trash)-(\d+)")
+NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
+RESERVED_NAMES = {CONFIG_FILE.split(".")[0], MARKER}
+
+
+@dataclass(frozen=True)
+class LoadedCheckpoint:
+    """A checkpoint read back: ``tensors`` by name (``critic.pt`` -> ``"critic"``), the config,
+    and the HF folders of the saved models by name."""
+
+    path: Path
+    step: int
+    tensors: dict[str, Any] = field(default_factory=dict)
+    config: dict[str, Any] = field(default_factory=dict)
+    model_dirs: dict[str, Path] = field(default_factory=dict)
+
+
+# --- saving --------------------------------------------------------------------------------
+
+def save_checkpoint(run_dir: str | Path, step: int, *,
+                    models: Mapping[str, Any | Sequence[Any]] | None = None,
+                    tensors: Mapping[str, Any] | None = None, config: Any = None,
+                    keep_last: int | None = None) -> Path:
+    """Write the checkpoint of ``step`` atomically and return its folder.
+
+    ``models``: name -> an object with ``save_pretrained(folder)`` or a sequence of them (a model
+    and its tokenizer), saved into ``<name>/``. ``tensors``: name -> anything ``torch.save``
+    stores, saved as ``<name>.pt``. ``config``: a mapping, dataclass or OmegaConf config, saved
+    as ``config.yaml``. ``keep_last``: keep only the newest K complete checkpoints (``None``:
+    all). A checkpoint already saved for ``step`` is replaced.
+    """
+    if isinstance(step, bool) or not isinstance(step, int) or step < 0:
+        raise ValueError(f"step must be a non-negative int, got {step!r}")
+    if keep_last is not None and (isinstance(keep_last, bool) or not isinstance(keep_last, int)
+                                  or keep_last < 1):
+        raise ValueError(f"keep_last must be a positive int or None, got {keep_last!r}")
+    models, tensors = dict(models or {}), dict(tensors or {})
+    _check_names(models, tensors)
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    root.mkdir(parents=True, exist_ok=True)
+    _remove_leftovers(root)
+    final = root / f"step_{step:06d}"
+    tmp = root / f"{final.name}.tmp-{os.getpid()}"
+    tmp.mkdir()
+    try:
+        _write_contents(tmp, models, tensors, config)
+        _write_marker(tmp, step)
+        _move_into_place(tmp, final)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    if keep_last is not None:
+        for old in list_checkpoints(run_dir)[:-keep_last]:
+            _delete(old)
+    return final
+
+
+def _check_names(models: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
+    for kind, names in (("models", models), ("tensors", tensors)):
+        for name in names:
+            if not isinstance(name, str) or not NAME.fullmatch(name) or name in RESERVED_NAMES:
+                raise ValueError(f"{kind} name {name!r}: use letters, digits, '_' and '-', "
+                                 f"not {' or '.join(sorted(RESERVED_NAMES))}")
+    if clash := set(models) & set(tensors):
+        raise ValueError(f"names used for both models and tensors: {sorted(clash)}")
+
+
+def _write_contents(folder: Path, models: Mapping[str, Any], tensors: Mapping[str, Any],
+                    config: Any) -> None:
+    for name, objects in models.items():
+        for obj in objects if isinstance(objects, (list, tuple)) else (objects,):
+            obj.save_pretrained(folder / name)
+    for name, value in tensors.items():
+        torch.save(value, folder / f"{name}.pt")
+    if config is not None:
+        text = yaml.safe_dump(public_config(config), sort_keys=False, allow_unicode=True)
+        (folder / CONFIG_FILE).write_text(text)
+    for path in _files(folder):
+        _fsync_file(path)
+
+
+def _write_marker(folder: Path, step: int) -> None:
+    """The marker goes last: its presence, with matching file sizes, means "complete"."""
+    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in _files(folder)}
+    record = {"step": step, "saved_at": datetime.now().isoformat(timespec="seconds"),
+              "files": files}
+    with open(folder / MARKER, "w") as file:
+        json.dump(record, file, indent=1)
+        file.flush()
+        os.fsync(file.fileno())
+    for sub in sorted({p.parent for p in _files(folder)} | {folder}, reverse=True):
+        fsync_dir(sub)
+
+
+def _move_into_place(tmp: Path, final: Path) -> None:
+    if final.exists():  # the same step saved again (a run resumed from an older checkpoint)
+        old = final.with_name(f"{final.name}.old-{os.getpid()}")
+        final.rename(old)
+        tmp.rename(final)
+        shutil.rmtree(old)
+    else:
+        tmp.rename(final)
+    fsync_dir(final.parent)
+
+
+def _delete(folder: Path) -> None:
+    """Rename first, so a crash half-way through the delete leaves no complete-looking folder."""
+    trash = folder.with_name(f"{folder.name}.trash-{os.getpid()}")
+    folder.rename(trash)
+    shutil.rmtree(trash)
+
+
+def _remove_leftovers(root: Path) -> None:
+    """Temporary folders of dead processes (or of this one) and ``step_*`` folders that are
+    not complete: what a crash left behind."""
+    for entry in root.iterdir():
+        if entry.is_dir() and _is_leftover(entry):
+            shutil.rmtree(entry, ignore_errors=True)
+
+
+def _is_leftover(folder: Path) -> bool:
+    if leftover := LEFTOVER_DIR.fullmatch(folder.name):
+        pid = int(leftover.group(2))
+        return pid == os.getpid() or not _alive(pid)
+    return bool(STEP_DIR.fullmatch(folder.name)) and checkpoint_step(folder) is None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MARKER)
+
+
+def _fsync_file(path: Path) -> None:
+    with open(path, "rb") as file:
+        os.fsync(file.fileno())
+
+
+# --- finding -------------------------------------------------------------------------------
+
+def checkpoint_step(folder: str | Path) -> int | None:
+    """The step of a complete checkpoint folder; ``None`` if it is not one."""
+    folder = Path(folder)
+    name = STEP_DIR.fullmatch(folder.name)
+    try:
+        record = json.loads((folder / MARKER).read_text())
+        files = record["files"]
+        step = record["step"]
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not isinstance(step, int) or (name and int(name.group(1)) != step):
+        return None
+    if not isinstance(files, dict):
+        return None
+    for relative, size in files.items():
+        path = folder / relative
+        if not path.is_file() or path.stat().st_size != size:
+            return None
+    return step
+
+
+def list_checkpoints(run_dir: str | Path) -> list[Path]:
+    """The complete checkpoints of a run, oldest step first."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if not root.is_dir():
+        return []
+    found = [(step, p) for p in root.iterdir()
+             if STEP_DIR.fullmatch(p.name) and (step := checkpoint_step(p)) is not None]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: str | Path) -> Path | None:
+    """The complete checkpoint with the highest step, or ``None``."""
+    checkpoints = list_checkpoints(run_dir)
+    return checkpoints[-1] if checkpoints else None
+
+
+def resume_checkpoint(run_dir: str | Path, resume: str | Path | None) -> Path | None:
+    """What the ``resume`` setting points at: ``"auto"`` -> the newest complete checkpoint of
+    ``run_dir`` (``None`` when there is none), ``"never"``/``None`` -> ``None``, anything else ->
+    that checkpoint folder, which must be complete."""
+    if resume is None or resume == "never":
+        return None
+    if resume == "auto":
+        return latest_checkpoint(run_dir)
+    path = Path(resume)
+    if checkpoint_step(path) is None:
+        raise ValueError(f"resume={str(resume)!r}: not a complete checkpoint folder (allowed: "
+                         f"{', '.join(RESUME_MODES)}, or the path of a checkpoint folder)")
+    return path
+
+
+# --- loading -------------------------------------------------------------------------------
+
+def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu",
+                    weights_only: bool = True) -> LoadedCheckpoint:
+    """Read a complete checkpoint (tensors onto ``map_location``); an incomplete one is an
+    error. ``weights_only=False`` admits arbitrary pickled objects: only for trusted files."""
+    path = Path(path)
+    step = checkpoint_step(path)
+    if step is None:
+        raise ValueError(f"{path} is not a complete checkpoint (no valid {MARKER} marker)")
+    tensors = {p.stem: torch.load(p, map_location=map_location, weights_only=weights_only)
+               for p in sorted(path.glob("*.pt"))}
+    config_path = path / CONFIG_FILE
+    config = (yaml.safe_load(config_path.read_text()) if config_path.exists() else None) or {}
+    model_dirs = {p.name: p for p in sorted(path.iterdir()) if p.is_dir()}
+    return LoadedCheckpoint(path, step, tensors, config, model_dirs)
+
+
+def restore_weights(model: Any, folder: str | Path) -> None:
+    """Load the weights saved by ``save_pretrained`` into an already built ``model``, in place
+    (an optimizer built on its parameters stays valid). A peft adapter folder loads into a peft
+    model's adapter; a full model folder must cover every parameter (tied copies excepted)."""
+    from safetensors.torch import load_file
+
+    folder = Path(folder)
+    if (folder / "adapter_config.json").exists():
+        if not hasattr(model, "peft_config"):
+            raise ValueError(f"{folder} holds a peft adapter but the model has no adapters")
+        from peft import set_peft_model_state_dict
+
+        result = set_peft_model_state_dict(model, load_file(folder / "adapter_model.safetensors"))
+        if result.unexpected_keys:
+            raise ValueError(f"{folder}: adapter weights the model lacks: {result.unexpected_keys[:5]}")
+        return
+    state: dict[str, torch.Tensor] = {}
+    index = folder / "model.safetensors.index.json"
+    shards = sorted(set(json.loads(index.read_text())["weight_map"].values())) if index.exists() \
+        else ["model.safetensors"]
+    for shard in shards:
+        state.update(load_file(folder / shard))
+    result = model.load_state_dict(state, strict=False)
+    own = model.state_dict()
+    loaded_storage = {own[k].data_ptr() for k in state if k in own}
+    missing = [k for k in result.missing_keys if own[k].data_ptr() not in loaded_storage]
+    if missing or result.unexpected_keys:
+        raise ValueError(f"{folder} does not match the model: missing {missing[:5]}, "
+                         f"unexpected {result.unexpected_keys[:5]}")
+
+
+# --- random number generators --------------------------------------------------------------
+
+def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
+    """The state of Python's ``random``, numpy's global RNG, torch's CPU (and CUDA) RNG and of
+    the named ``generators``, as tensors and plain values (``torch.load(weights_only=True)``
+    reads them back)."""
+    np_state = np.random.get_state(legacy=False)
+    state: dict[str, Any] = {
+        "python": random.getstate(),
+        "numpy": {**np_state, "state": {"key": np_state["state"]["key"].tolist(),
+                                        "pos": int(np_state["state"]["pos"])}},
+        "torch": torch.get_rng_state(),
+        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
+    }
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng_state(state: Mapping[str, Any],
+                      generators: Mapping[str, torch.Generator] | None = None) -> None:
+    """Put back what :func:`capture_rng_state` took: the next draws repeat the ones after it.
+    States may have been loaded onto a GPU (``load_checkpoint(map_location="cuda")``); torch
+    takes them from the CPU."""
+    random.setstate(_as_tuple(state["python"]))
+    np_state = dict(state["numpy"])
+    np_state["state"] = {"key": np.asarray(np_state["state"]["key"], dtype=np.uint32),
+                         "pos": np_state["state"]["pos"]}
+    np.random.set_state(np_state)
+    torch.set_rng_state(state["torch"].cpu())
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"][:torch.cuda.device_count()]])
+    saved = state.get("generators", {})
+    for name, generator in (generators or {}).items():
+        if name not in saved:
+            raise KeyError(f"no saved state for generator {name!r} (saved: {sorted(saved)})")
+        generator.set_state(saved[name].cpu())
+
+
+def _as_tuple(value: Any) -> Any:
+    """Python's RNG state is nested tuples; keep it so after any list conversion."""
+    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value

@@ -1,0 +1,91 @@
+"""The learning-curve PNG written at the end of a run, from its metrics JSONL.
+
+    plot_learning_curves(run_dir / "metrics.jsonl", run_dir / "learning_curves.png")
+
+Panels, each drawn only when the run logged one of its keys:
+
+- train success per preset (``train/<preset>/success``), validation success per preset
+  (``val/<preset>/success``, at the steps validation ran);
+- loss (``actor/pg_loss``, ``critic/vf_loss``), KL (``actor/kl``, ``actor/ppo_kl``,
+  ``actor/kl_loss``), entropy (``actor/entropy``).
+
+A run with none of them still gets a PNG saying so, so the end of a run never fails on a plot.
+Drawn on a bare ``matplotlib.figure.Figure`` (Agg, no pyplot state, no display needed) and
+written atomically (temporary file, then rename).
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from matplotlib.figure import Figure
+
+from agentrl.trainers.tracking import matching_keys, read_metrics
+
+__all__ = ["PANELS", "plot_learning_curves"]
+
+# (title, key patterns, per preset): per-preset panels are success rates in [0, 1], one line per
+# preset labelled by its name; the others have one line per key.
+PANELS = (
+    ("train success", ("train/*/success",), True),
+    ("validation success", ("val/*/success",), True),
+    ("loss", ("actor/pg_loss", "critic/vf_loss"), False),
+    ("KL", ("actor/kl", "actor/ppo_kl", "actor/kl_loss"), False),
+    ("entropy", ("actor/entropy",), False),
+)
+PANEL_SIZE = (5.0, 3.4)  # inches per panel
+MAX_COLUMNS = 3
+
+
+def plot_learning_curves(metrics_jsonl: str | Path, out_png: str | Path, *,
+                         title: str | None = None) -> Path:
+    """Draw the panels of ``PANELS`` that have data into ``out_png``; returns its path."""
+    records = read_metrics(metrics_jsonl)
+    keys = {k for record in records for k in record}
+    panels = [(name, [k for p in patterns for k in matching_keys(keys, p)], per_preset)
+              for name, patterns, per_preset in PANELS]
+    panels = [panel for panel in panels if panel[1]]
+    columns = min(MAX_COLUMNS, max(1, len(panels)))
+    rows = max(1, math.ceil(len(panels) / columns))
+    figure = Figure(figsize=(PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows), layout="constrained")
+    if title:
+        figure.suptitle(title)
+    if not panels:
+        figure.text(0.5, 0.5, "no metrics to plot", ha="center", va="center")
+    for index, (name, panel_keys, per_preset) in enumerate(panels):
+        axes = figure.add_subplot(rows, columns, index + 1)
+        for key in panel_keys:
+            steps, values = _series(records, key)
+            axes.plot(steps, values, marker="." if len(steps) < 50 else None,
+                      label=key.split("/")[1] if per_preset else key)
+        axes.set_title(name)
+        axes.set_xlabel("step")
+        axes.grid(alpha=0.3)
+        if per_preset:
+            axes.set_ylim(-0.02, 1.02)
+        if per_preset or len(panel_keys) > 1:
+            axes.legend(fontsize="small")
+    return _save(figure, Path(out_png))
+
+
+def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
+    """The steps at which ``key`` has a value (validation runs only every few steps)."""
+    points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+    return [s for s, _ in points], [v for _, v in points]
+
+
+def _save(figure: Figure, path: Path) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.stem}.tmp-", suffix=".png", dir=path.parent)
+    os.close(fd)
+    try:
+        figure.savefig(tmp, dpi=100)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
