@@ -1,0 +1,530 @@
+"""The training configuration as frozen dataclasses, validated on construction.
+
+    >>> from agentrl.config import build_config
+    >>> config = build_config({"train": {"group_num": 2}, "actor": {"lr": 2e-5}})
+    >>> config.train.group_num, config.actor.lr, config.rollout.filter_mode
+    (2, 2e-05, 'std')
+    >>> build_config(config.to_dict()) == config
+    True
+
+``configs/base.yaml`` documents every key next to its default; each field below repeats that
+line as its docstring. Missing keys take the defaults written here, so a plain dict with a few
+keys (as in tests) is a full config.
+
+Why validate here and not in the trainer: a typo or a bad value must fail at start-up, naming
+the key and what is allowed, before a model is loaded or a minute of rollouts is spent. Every
+section checks its own fields in ``__post_init__`` (types from the annotations, ranges from
+:func:`setting`), so ``dataclasses.replace`` cannot build an invalid config either;
+:class:`TrainConfig` then checks the rules that span sections (presets exist, GRPO needs groups
+of two or more, mini-batches divide the batch, ...).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import re
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from types import UnionType
+from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+
+from agentrl.agents.config import DEFAULT_PATH as DEFAULT_AGENTS_FILE
+from agentrl.agents.config import AgentConfig, agent_presets_from_dict, check_env_kwargs
+
+__all__ = [
+    "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
+    "ModelConfig", "RolloutConfig", "TrainConfig", "TrainGroupsConfig", "TrainerConfig",
+    "ValConfig", "build_config",
+]
+
+NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
+"""``project`` and ``experiment`` become folder names under ``runs/``."""
+BUILTIN_POLICY_LOSS = "vanilla"
+"""Known to be in verl's registry: the default config never pays for importing verl (~10 s)."""
+
+
+def setting(default: Any, check: Callable[[Any], bool] | None = None, allowed: str = "") -> Any:
+    """A field whose value must pass ``check``; ``allowed`` says in words what passes."""
+    return dataclasses.field(default=default, metadata={"check": check, "allowed": allowed})
+
+
+def at_least(low: float) -> Callable[[Any], bool]:
+    return lambda value: value >= low
+
+
+def positive(value: float) -> bool:
+    return value > 0
+
+
+def unit_interval(value: float) -> bool:
+    return 0 <= value <= 1
+
+
+def non_empty(value: Any) -> bool:
+    return len(value) > 0
+
+
+class Section:
+    """Checks every field of a config dataclass on construction.
+
+    Types come from the annotations: ``int`` (not bool), ``float`` (ints become floats),
+    ``bool``, ``str``, ``Path`` (from a string), ``Literal[...]`` (the allowed names),
+    ``tuple[str, ...]`` (from a list), ``X | None``. Ranges come from :func:`setting`.
+    """
+
+    KEY: ClassVar[str] = ""
+    """Where the section sits in the config (``"train"``): prefixes the keys in messages."""
+
+    def __post_init__(self) -> None:
+        hints = get_type_hints(type(self))
+        for spec in dataclasses.fields(self):
+            key = f"{self.KEY}.{spec.name}" if self.KEY else spec.name
+            value = _coerce(getattr(self, spec.name), hints[spec.name], key,
+                            spec.metadata.get("allowed", ""))
+            object.__setattr__(self, spec.name, value)
+            check = spec.metadata.get("check")
+            if check is not None and value is not None and not check(value):
+                raise ValueError(f"{key}={_plain(value)!r} is not allowed; allowed: "
+                                 f"{spec.metadata['allowed']}")
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain values (lists, strings), as the YAML would write them."""
+        return {spec.name: _plain(getattr(self, spec.name)) for spec in dataclasses.fields(self)}
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, Section):
+        return value.to_dict()
+    if isinstance(value, AgentConfig):
+        return dataclasses.asdict(value)
+    if isinstance(value, Mapping):
+        return {key: _plain(item) for key, item in value.items()}
+    if isinstance(value, tuple):
+        return [_plain(item) for item in value]
+    if isinstance(value, Path):
+        return str(value)
+    return value
+
+
+# -- types -----------------------------------------------------------------------------------------
+TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string",
+              Path: "a path"}
+
+
+def _describe(hint: Any) -> str:
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        return "null or " + " or ".join(_describe(a) for a in args if a is not type(None))
+    if origin is Literal:
+        return f"one of {list(args)}"
+    if origin is tuple:
+        return f"a list, each {_describe(args[0])}"
+    if origin is Mapping:
+        return "a mapping"
+    return TYPE_WORDS.get(hint, getattr(hint, "__name__", str(hint)))
+
+
+def _coerce(value: Any, hint: Any, key: str, allowed: str) -> Any:
+    """``value`` as the annotated type (int -> float, list -> tuple, str -> Path) or ValueError."""
+    origin, args = get_origin(hint), get_args(hint)
+    if origin in (Union, UnionType):
+        if value is None and type(None) in args:
+            return None
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) == 1:
+            return _coerce(value, inner[0], key, allowed or _describe(hint))
+    elif origin is Literal:
+        if isinstance(value, str) and value in args:
+            return value
+        raise ValueError(f"{key}={value!r} is not allowed; allowed: {allowed or list(args)}")
+    elif origin is tuple and isinstance(value, (list, tuple)):
+        return tuple(_coerce(item, args[0], f"{key}[{i}]", "") for i, item in enumerate(value))
+    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        if math.isfinite(value):
+            return float(value)
+    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
+        return value
+    elif hint is Path and isinstance(value, (str, Path)) and str(value):
+        return Path(value)
+    elif isinstance(value, origin or hint) and (hint in (bool, str) or origin is Mapping
+                                                 or dataclasses.is_dataclass(hint)):
+        return value
+    raise ValueError(f"{key}={value!r} is not allowed: expected {_describe(hint)}, got "
+                     f"{type(value).__name__}; allowed: {allowed or _describe(hint)}")
+
+
+# -- sections --------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class ModelConfig(Section):
+    """Which model is trained (``configs/model/<name>.yaml`` presets set this section)."""
+
+    KEY: ClassVar[str] = "model"
+    name: str = setting("embedded", non_empty, "a name agentrl.models.load_model accepts: "
+                        "embedded, tiny, tiny-<template>, a local folder or a hub id")
+    """What ``agentrl.models.load_model`` loads: embedded|tiny|tiny-llama3|a folder|a hub id."""
+    dtype: Literal["float32", "bfloat16", "float16"] = "float32"
+    """Weights' dtype (bfloat16 halves memory on GPUs; CPUs are fastest in float32)."""
+    chat_template: str | None = setting(
+        None, lambda v: v in _chat_template_names() or "{{" in v or "{%" in v,
+        "null (the tokenizer's own), a named template (chatml, llama3) or a Jinja string")
+    """Replaces the tokenizer's chat template: null keeps it, a name or a Jinja string."""
+    gradient_checkpointing: bool = False
+    """Recompute activations in the backward pass: less memory, more compute."""
+
+
+def _chat_template_names() -> tuple[str, ...]:
+    # Imported when a template is set: agentrl.models imports torch (seconds).
+    from agentrl.models.templates import CHAT_TEMPLATES
+
+    return tuple(CHAT_TEMPLATES)
+
+
+@dataclasses.dataclass(frozen=True)
+class LoraConfig(Section):
+    """LoRA adapters (peft) in place of full fine-tuning."""
+
+    KEY: ClassVar[str] = "lora"
+    rank: int = setting(0, at_least(0), "an integer >= 0 (0 = LoRA off, full fine-tuning)")
+    """Adapter rank; 0 turns LoRA off and trains every weight."""
+    alpha: float = setting(32.0, positive, "a number > 0")
+    """Scale of the adapters' update (``alpha / rank``)."""
+    dropout: float = setting(0.0, lambda v: 0 <= v < 1, "a number in [0, 1)")
+    """Dropout on the adapters' input."""
+    target_modules: tuple[str, ...] = setting(("q_proj", "k_proj", "v_proj", "o_proj"),
+                                              non_empty, "a non-empty list of module names")
+    """Names of the linear layers that get adapters."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainGroupsConfig(Section):
+    """What one training step plays, and for how many steps."""
+
+    KEY: ClassVar[str] = "train"
+    presets: tuple[str, ...] = setting(("simpleSokobanAgent",), non_empty,
+                                       "a non-empty list of agent presets")
+    """Agent presets to train on; group ``g`` plays ``presets[g % len(presets)]``."""
+    group_num: int = setting(4, at_least(1), "an integer >= 1")
+    """Groups per step, each on a new training seed."""
+    group_size: int = setting(4, at_least(1), "an integer >= 1")
+    """Episodes per group: all play the same game (same preset and seed)."""
+    total_steps: int = setting(10, at_least(1), "an integer >= 1")
+    """Training steps (one rollout + one PPO update each)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ValConfig(Section):
+    """Validation: greedy episodes on held-out seeds."""
+
+    KEY: ClassVar[str] = "val"
+    presets: tuple[str, ...] = setting(("simpleSokobanAgent",), non_empty,
+                                       "a non-empty list of agent presets")
+    """Agent presets to validate on (held-out twins such as largeSokobanAgent are welcome)."""
+    group_num: int = setting(4, at_least(1), "an integer >= 1")
+    """Held-out games per preset (the same validation seeds for every preset and run)."""
+    group_size: int = setting(1, at_least(1), "an integer >= 1")
+    """Episodes per validation seed (greedy decoding makes copies identical; keep 1)."""
+    test_freq: int = setting(5, at_least(0), "an integer >= 0 (0 = never)")
+    """Validate every this many steps (0 = never)."""
+    before_train: bool = True
+    """Validate once before the first step (the baseline of the learning curve)."""
+    max_new_tokens: int | None = setting(None, at_least(1), "null or an integer >= 1")
+    """Token limit of one validation reply; null = rollout.max_new_tokens."""
+
+
+@dataclasses.dataclass(frozen=True)
+class RolloutConfig(Section):
+    """Sampling, batching and the post-processing of groups."""
+
+    KEY: ClassVar[str] = "rollout"
+    temperature: float = setting(1.0, at_least(0), "a number >= 0 (0 = greedy)")
+    """Sampling temperature of training episodes (0 = greedy)."""
+    top_p: float = setting(1.0, lambda v: 0 < v <= 1, "a number in (0, 1] (1 = off)")
+    """Nucleus sampling mass (1 = off)."""
+    top_k: int = setting(0, at_least(0), "an integer >= 0 (0 = off)")
+    """Sample among the k most likely tokens (0 = off)."""
+    max_new_tokens: int = setting(128, at_least(1), "an integer >= 1")
+    """Token limit of one reply (a preset's max_response_tokens may lower it)."""
+    max_context_tokens: int = setting(2048, at_least(2), "an integer >= 2")
+    """Context budget of one generation: the oldest turns leave the prompt beyond it."""
+    max_batch: int = setting(16, at_least(1), "an integer >= 1")
+    """Most generation requests decoded together in one forward pass."""
+    max_wait_ms: float = setting(5.0, at_least(0), "a number >= 0")
+    """How long the batcher waits for more requests after the first arrives."""
+    filter_ratio: float = setting(1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
+    """Share of groups kept per step, ranked by return std (1 = keep all)."""
+    filter_mode: Literal["std", "std_rev"] = "std"
+    """Keep the highest-std groups (std) or the lowest (std_rev)."""
+    grouping: Literal["state", "batch"] = "state"
+    """Normalize returns within each group (state) or over the whole batch (batch)."""
+    norm_method: Literal["identity", "mean_std", "asym_clip"] = "identity"
+    """Return normalization: identity, mean_std, or mean_std clipped to [-1, 3] (asym_clip)."""
+    reward_placement: Literal["turn", "last"] = "turn"
+    """Each turn's reward on its last token (turn) or the episode's score at the end (last)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class AlgorithmConfig(Section):
+    """Advantages (verl's core_algos)."""
+
+    KEY: ClassVar[str] = "algorithm"
+    adv_estimator: Literal["gae", "grpo"] = "gae"
+    """gae (with the critic) or grpo (group-relative, no critic; needs train.group_size >= 2)."""
+    gamma: float = setting(1.0, unit_interval, "a number in [0, 1]")
+    """Discount per token."""
+    lam: float = setting(1.0, unit_interval, "a number in [0, 1]")
+    """GAE's lambda."""
+    use_kl_in_reward: bool = False
+    """Subtract ``kl_coef * KL(actor || reference)`` from the token rewards."""
+    kl_coef: float = setting(0.001, at_least(0), "a number >= 0")
+    """Weight of the in-reward KL penalty."""
+    kl_penalty: Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"] = "low_var_kl"
+    """KL estimator of the in-reward penalty (verl's names)."""
+    norm_adv_by_std_in_grpo: bool = True
+    """GRPO divides by the group's std (false: Dr. GRPO's mean-only centring)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ActorConfig(Section):
+    """The policy's optimizer and PPO loss."""
+
+    KEY: ClassVar[str] = "actor"
+    lr: float = setting(1e-5, positive, "a number > 0")
+    """AdamW learning rate (after warm-up)."""
+    warmup_steps: int = setting(0, at_least(0), "an integer >= 0")
+    """Steps of linear learning-rate warm-up."""
+    weight_decay: float = setting(0.0, at_least(0), "a number >= 0")
+    """AdamW weight decay."""
+    grad_clip: float = setting(1.0, positive, "a number > 0")
+    """Gradient-norm clip of each update."""
+    ppo_epochs: int = setting(1, at_least(1), "an integer >= 1")
+    """Passes over the batch per step."""
+    ppo_mini_batch_size: int | None = setting(None, at_least(1), "null or an integer >= 1")
+    """Trajectories per optimizer update; must divide the kept batch (null = whole batch)."""
+    micro_batch_size: int = setting(2, at_least(1), "an integer >= 1")
+    """Trajectories per forward/backward pass (gradients accumulate over a mini-batch)."""
+    clip_ratio_low: float = setting(0.2, lambda v: 0 < v < 1, "a number in (0, 1)")
+    """PPO ratio clip below 1: ``1 - clip_ratio_low``."""
+    clip_ratio_high: float = setting(0.28, positive, "a number > 0")
+    """PPO ratio clip above 1: ``1 + clip_ratio_high`` (higher than low: DAPO's clip-higher)."""
+    clip_ratio_c: float = setting(3.0, lambda v: v > 1, "a number > 1")
+    """Dual-clip bound for negative advantages."""
+    loss_agg_mode: Literal["token-mean", "seq-mean-token-sum", "seq-mean-token-mean",
+                           "seq-mean-token-sum-norm"] = "token-mean"
+    """How token losses become one number (verl's names)."""
+    policy_loss: str = setting(BUILTIN_POLICY_LOSS,
+                               lambda v: v == BUILTIN_POLICY_LOSS or v in _policy_losses(),
+                               "a name in verl's POLICY_LOSS_REGISTRY")
+    """verl policy loss by registered name (vanilla = clipped PPO)."""
+    entropy_coeff: float = setting(0.0, at_least(0), "a number >= 0")
+    """Weight of the entropy bonus."""
+    use_kl_loss: bool = False
+    """Add ``kl_loss_coef * KL(actor || reference)`` to the loss (GRPO style)."""
+    kl_loss_coef: float = setting(0.001, at_least(0), "a number >= 0")
+    """Weight of the KL loss."""
+    kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"] = "low_var_kl"
+    """KL estimator of the KL loss (verl's names)."""
+
+
+def _policy_losses() -> list[str]:
+    # Imported for a name other than vanilla only: importing verl takes ~10 s.
+    from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    return sorted(POLICY_LOSS_REGISTRY)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriticConfig(Section):
+    """The value model (used by GAE only)."""
+
+    KEY: ClassVar[str] = "critic"
+    lr: float = setting(1e-5, positive, "a number > 0")
+    """AdamW learning rate (after warm-up)."""
+    warmup_steps: int = setting(0, at_least(0), "an integer >= 0")
+    """Steps of linear learning-rate warm-up."""
+    weight_decay: float = setting(0.0, at_least(0), "a number >= 0")
+    """AdamW weight decay."""
+    grad_clip: float = setting(1.0, positive, "a number > 0")
+    """Gradient-norm clip of each update."""
+    cliprange_value: float = setting(0.5, positive, "a number > 0")
+    """Clip of the value update around the old values."""
+    share_backbone: bool = False
+    """Value head on the actor's backbone (saves a model's memory; the two losses interact)."""
+    ppo_epochs: int | None = setting(None, at_least(1), "null or an integer >= 1")
+    """Passes over the batch per step (null = actor.ppo_epochs)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerConfig(Section):
+    """Checkpoints and logging."""
+
+    KEY: ClassVar[str] = "trainer"
+    save_freq: int = setting(5, at_least(0), "an integer >= 0 (0 = only at the end)")
+    """Checkpoint every this many steps (0 = only at the end; the end always saves)."""
+    keep_last: int = setting(2, at_least(1), "an integer >= 1")
+    """Newest checkpoints kept; older ones are deleted."""
+    logger: tuple[Literal["console", "wandb"], ...] = setting(
+        ("console", "wandb"), lambda v: len(set(v)) == len(v),
+        "a list of distinct names from ['console', 'wandb']")
+    """Where metrics go besides the run's metrics.jsonl (always written)."""
+    wandb_mode: Literal["offline", "online", "disabled"] | None = None
+    """null = offline unless WANDB_API_KEY is set (then online)."""
+    plot: bool = True
+    """Write the learning-curve PNG at the end of the run."""
+
+
+@dataclasses.dataclass(frozen=True)
+class HardwareConfig(Section):
+    """Which hardware preset (``configs/hardware/<name>.yaml``) the run was composed with."""
+
+    KEY: ClassVar[str] = "hardware"
+    name: str = setting("cpu", non_empty, "a non-empty string")
+    """The preset's name, recorded for logs (the preset sets keys in the other sections)."""
+
+
+# -- the whole config ------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class TrainConfig(Section):
+    """A training run. ``agents`` holds the validated presets; treat it as read-only."""
+
+    backend: Literal["local", "verl"] = "local"
+    """Trainer: local (one process, CPU or one GPU) or verl (Ray, FSDP, vLLM)."""
+    project: str = setting("agentrl", NAME_PATTERN.fullmatch,
+                           "letters, digits, '_', '.', '-' (a folder name)")
+    """Project name: WandB project and the first folder under runs/."""
+    experiment: str = setting("quick", NAME_PATTERN.fullmatch,
+                              "letters, digits, '_', '.', '-' (a folder name)")
+    """Experiment name: the run's folder and the prefix of its run id."""
+    run_dir: Path | None = None
+    """Where the run writes (null = runs/<project>/<experiment>, relative to the working dir);
+    always an absolute Path after construction."""
+    resume: str = setting("auto", lambda v: v in ("auto", "never") or Path(v).is_dir(),
+                          "'auto', 'never' or an existing checkpoint folder")
+    """auto: continue from the newest checkpoint in run_dir if any; never; or a checkpoint."""
+    seed: int = setting(0, at_least(0), "an integer >= 0")
+    """Seeds sampling, shuffling and the choice of training games."""
+    agents_file: Path | None = None
+    """Agent presets file read when the config has no ``agents`` section (null =
+    configs/agents.yaml); ``compose_config`` reads it in place of the composed one."""
+    device: Literal["cpu", "cuda", "auto"] = "cpu"
+    """cpu, cuda, or auto (cuda when available)."""
+    threads: int = setting(0, at_least(0), "an integer >= 0 (0 = torch's default)")
+    """torch intra-op threads (0 = torch's default, one per core)."""
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    """Which model is trained (configs/model presets set it)."""
+    lora: LoraConfig = dataclasses.field(default_factory=LoraConfig)
+    """LoRA adapters instead of full fine-tuning."""
+    train: TrainGroupsConfig = dataclasses.field(default_factory=TrainGroupsConfig)
+    """What a training step plays, and how many steps."""
+    val: ValConfig = dataclasses.field(default_factory=ValConfig)
+    """Greedy validation on held-out seeds."""
+    rollout: RolloutConfig = dataclasses.field(default_factory=RolloutConfig)
+    """Sampling, batching and the post-processing of groups."""
+    algorithm: AlgorithmConfig = dataclasses.field(default_factory=AlgorithmConfig)
+    """Advantages (verl's core_algos)."""
+    actor: ActorConfig = dataclasses.field(default_factory=ActorConfig)
+    """The policy's optimizer and PPO loss."""
+    critic: CriticConfig = dataclasses.field(default_factory=CriticConfig)
+    """The value model (GAE only)."""
+    trainer: TrainerConfig = dataclasses.field(default_factory=TrainerConfig)
+    """Checkpoints and logging."""
+    hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig)
+    """Which hardware preset composed the run."""
+    agents: Mapping[str, AgentConfig] | None = None
+    """Agent presets by name (``configs/agents.yaml``, composed by base.yaml, so
+    ``agents.<preset>.<key>=value`` overrides work); null reads ``agents_file``."""
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        object.__setattr__(self, "agents", self._load_agents())
+        run_dir = self.run_dir or Path("runs") / self.project / self.experiment
+        object.__setattr__(self, "run_dir", Path.cwd() / run_dir.expanduser())
+        if self.agents_file is not None:
+            object.__setattr__(self, "agents_file", Path.cwd() / self.agents_file.expanduser())
+        self._check_presets()
+        self._check_batches()
+        self._check_token_budget()
+
+    @property
+    def kept_trajectories(self) -> int:
+        """Trajectories per training step after filtering: the PPO batch."""
+        kept_groups = max(1, math.ceil(self.rollout.filter_ratio * self.train.group_num))
+        return kept_groups * self.train.group_size
+
+    def _load_agents(self) -> dict[str, AgentConfig]:
+        raw = self.agents
+        if raw is None:
+            from omegaconf import OmegaConf
+
+            path = DEFAULT_AGENTS_FILE if self.agents_file is None else self.agents_file
+            if not path.is_file():
+                raise ValueError(f"agents_file={str(path)!r} is not allowed; allowed: null "
+                                 "(configs/agents.yaml) or an existing agent presets file")
+            return agent_presets_from_dict(OmegaConf.load(path), source=str(path),
+                                           check_envs=False)
+        if isinstance(raw, Mapping) and all(isinstance(v, AgentConfig) for v in raw.values()):
+            return dict(raw)
+        return agent_presets_from_dict(raw, source="agents", check_envs=False)
+
+    def _check_presets(self) -> None:
+        for section in (self.train, self.val):
+            unknown = [name for name in section.presets if name not in self.agents]
+            if unknown:
+                raise ValueError(f"{section.KEY}.presets: unknown agent preset(s) {unknown}; "
+                                 f"allowed: {list(self.agents)}")
+        for name in dict.fromkeys(self.train.presets + self.val.presets):
+            check_env_kwargs(self.agents[name], f"agents.{name}")
+
+    def _check_batches(self) -> None:
+        if self.algorithm.adv_estimator == "grpo" and self.train.group_size < 2:
+            raise ValueError(f"train.group_size={self.train.group_size} is not allowed with "
+                             "algorithm.adv_estimator='grpo' (it compares the episodes of a "
+                             "group); allowed: an integer >= 2, or adv_estimator='gae'")
+        batch, mini = self.kept_trajectories, self.actor.ppo_mini_batch_size
+        if mini is not None and batch % mini:
+            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
+            raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "
+                             f"{batch} trajectories (ceil(rollout.filter_ratio * "
+                             f"train.group_num) * train.group_size); allowed: null or one of "
+                             f"{divisors}")
+        if mini is not None and self.actor.micro_batch_size > mini:
+            raise ValueError(f"actor.micro_batch_size={self.actor.micro_batch_size} is not "
+                             f"allowed: it exceeds actor.ppo_mini_batch_size={mini}; allowed: "
+                             f"an integer in [1, {mini}]")
+
+    def _check_token_budget(self) -> None:
+        budget = self.rollout.max_context_tokens
+        for key, tokens in (("rollout.max_new_tokens", self.rollout.max_new_tokens),
+                            ("val.max_new_tokens", self.val.max_new_tokens)):
+            if tokens is not None and tokens >= budget:
+                raise ValueError(f"{key}={tokens} is not allowed: a reply must fit in "
+                                 f"rollout.max_context_tokens={budget} with its prompt; "
+                                 f"allowed: an integer in [1, {budget - 1}]")
+
+
+def build_config(data: Mapping[str, Any]) -> TrainConfig:
+    """A validated :class:`TrainConfig` from a plain mapping (composed YAML, ``to_dict()``).
+
+    Unknown keys fail with the allowed ones; missing keys take their defaults.
+    """
+    return _build(TrainConfig, data, "")
+
+
+def _build(cls: type[Section], data: Any, prefix: str) -> Any:
+    where = prefix or "the config"
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{where} must be a mapping of settings, got {data!r}")  # noqa: TRY004
+    names = [spec.name for spec in dataclasses.fields(cls)]
+    unknown = [f"{prefix}.{key}" if prefix else str(key) for key in data if key not in names]
+    if unknown:
+        listed = ", ".join(f"'{key}'" for key in unknown)
+        raise ValueError(f"unknown key{'s' if len(unknown) > 1 else ''} {listed}; "
+                         f"allowed: {names}")
+    hints = get_type_hints(cls)
+    kwargs = {}
+    for key, value in data.items():
+        nested = hints[key]
+        if isinstance(nested, type) and issubclass(nested, Section):
+            value = _build(nested, value, nested.KEY)
+        kwargs[key] = value
+    return cls(**kwargs)
