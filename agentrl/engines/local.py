@@ -196,6 +196,14 @@ class BatchingLLM:
         with self._stats_lock:
             self.stats = GenerationStats()
 
+    async def aclose(self) -> None:
+        """:meth:`close` from inside the event loop that ran the requests: also waits for the
+        batching task to finish its cancellation, so the loop can close cleanly."""
+        worker = self._worker
+        self.close()
+        if worker is not None:
+            await asyncio.gather(worker, return_exceptions=True)
+
     def close(self) -> None:
         """Stop the batching task and the worker thread (waits for a running batch)."""
         if self._worker is not None and not self._worker.done():

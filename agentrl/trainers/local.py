@@ -1,0 +1,529 @@
+"""PPO with a critic on one process (CPU or one CUDA GPU): the local engine's trainer.
+
+    from agentrl.config import compose_config
+    from agentrl.trainers import LocalTrainer
+    LocalTrainer(compose_config(["train.total_steps=4"])).fit()
+
+One training step is a short sequence of named stages (each timed as ``timing/<stage>_s``):
+
+1. ``rollout``: ``group_num x group_size`` episodes of the training presets on new training
+   seeds (the seeds depend only on the step, so a resumed run plays the same games), sampled
+   by the actor through :class:`agentrl.engines.BatchingLLM`.
+2. ``filter``: in-group std filtering and return normalization, then :func:`to_batch`.
+3. ``old_logprobs`` / ``ref`` / ``values``: the actor's log-probs of the sampled tokens (the PPO
+   ratio's denominator), the frozen reference's (only when a KL term is on) and the critic's
+   values, without gradients.
+4. ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator).
+5. ``critic`` then ``actor``: ``ppo_epochs`` passes over shuffled mini-batches, each the sum of
+   micro-batch gradients (exact accumulation, see :mod:`agentrl.trainers.ppo`), grad-norm
+   clipping, AdamW; the schedulers' linear warm-up advances once per step.
+
+Validation (greedy, held-out seeds and presets) runs before training and every ``test_freq``
+steps; a checkpoint is written every ``save_freq`` steps and at the end; ``resume=auto``
+continues from the newest complete checkpoint with the same run id and metric history.
+
+Guards: a non-finite reward, advantage or loss skips that update (``guard/skipped_updates``)
+with a warning; collapse signs are measured every step and warned about: ``guard/echo_rate``
+(replies that are mostly one repeated pattern, the "echo trap"), ``actor/entropy`` below
+``ENTROPY_FLOOR`` and mean model tokens per reply below ``MIN_REPLY_TOKENS``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import random
+import time
+import zlib
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.envs.splits import SEED_RANGES, split_seeds
+from agentrl.evaluation import evaluate
+from agentrl.models import load_model
+from agentrl.rollout import filter_groups, normalize_returns, rollout_metrics, run_groups, to_batch
+from agentrl.trainers import ppo
+from agentrl.trainers.checkpoint import (
+    capture_rng_state, load_checkpoint, restore_rng_state, restore_weights, resume_checkpoint,
+    save_checkpoint,
+)
+from agentrl.trainers.plots import plot_learning_curves
+from agentrl.trainers.policy import ValueModel, response_logprobs
+from agentrl.trainers.tracking import RunTracker
+
+__all__ = ["LocalTrainer", "RunResult", "StageTimer", "is_echo", "train_seeds"]
+
+log = logging.getLogger("agentrl.train")
+
+ENTROPY_FLOOR = 0.01
+"""Mean token entropy (nats) below which the policy is reported as collapsed."""
+MIN_REPLY_TOKENS = 2.0
+"""Mean model tokens per reply below which replies are reported as collapsed."""
+ECHO_MIN_CHARS = 48
+ECHO_COMPRESSION = 0.12
+"""A reply of at least ECHO_MIN_CHARS whose zlib size is under this share of its length is
+mostly one repeated pattern: an echo-trap reply."""
+ECHO_WARN_RATE = 0.5
+
+
+def is_echo(text: str) -> bool:
+    """Repetitive degenerate text ("aaaa...", "Up Up Up Up ...") compresses far below prose."""
+    data = text.encode("utf-8", "replace")
+    return len(data) >= ECHO_MIN_CHARS and len(zlib.compress(data)) < ECHO_COMPRESSION * len(data)
+
+
+class StageTimer:
+    """Seconds per named stage of one step, as ``timing/<stage>_s`` metrics."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = defaultdict(float)
+
+    @contextlib.contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        start = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.seconds[name] += time.perf_counter() - start
+
+    def metrics(self) -> dict[str, float]:
+        out = {f"timing/{name}_s": s for name, s in self.seconds.items()}
+        out["timing/step_s"] = sum(self.seconds.values())
+        return out
+
+
+def train_seeds(step: int, group_num: int, seed: int) -> list[int]:
+    """Training seeds of ``step``: a fresh block of the train range per step (a function of the
+    step and the run seed only, so a resumed step replays the same games)."""
+    span = len(SEED_RANGES["train"]) - group_num
+    offset = (seed * 100_003 + (step - 1) * group_num) % span
+    return split_seeds("train", group_num, offset)
+
+
+def _rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Rows of ``batch``, without the columns that are padding in all of them (left padding of
+    the prompts, right padding of the responses): a micro-batch of short episodes runs short."""
+    sub = {key: value[rows] for key, value in batch.items()}
+    prompt_len, response_len = sub["prompts"].shape[1], sub["responses"].shape[1]
+    real = sub["attention_mask"].any(0).nonzero().squeeze(-1)
+    first = min(int(real[0]), prompt_len - 1)
+    end = max(int(real[-1]) + 1, prompt_len + 1)
+    out = {}
+    for key, value in sub.items():
+        if key in ("input_ids", "attention_mask", "position_ids"):
+            out[key] = value[:, first:end]
+        elif key == "prompts":
+            out[key] = value[:, first:]
+        elif value.dim() == 2 and value.shape[1] == response_len:
+            out[key] = value[:, : end - prompt_len]
+        else:
+            out[key] = value
+    return out
+
+
+def _finite(*tensors: torch.Tensor) -> bool:
+    return all(bool(torch.isfinite(t).all()) for t in tensors)
+
+
+@dataclass(frozen=True)
+class RunResult:
+    """Where a finished run left its outputs."""
+
+    run_dir: Path
+    run_id: str
+    step: int
+    checkpoint: Path | None
+    metrics: Path
+    plot: Path | None
+
+
+class LocalTrainer:
+    """Actor, critic, reference, optimizers and the loop over steps; see the module docstring."""
+
+    def __init__(self, config: Any):
+        self.config = config
+        self._seed_everything(config.seed)
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        self.device = _device(config.device)
+        self.presets = dict(config.agents)
+        self.train_presets = [(name, self.presets[name]) for name in config.train.presets]
+        self.val_presets = {name: self.presets[name] for name in config.val.presets}
+
+        self.actor, self.tokenizer = load_model(config.model.name, device=self.device,
+                                                dtype=config.model.dtype,
+                                                chat_template=config.model.chat_template)
+        self.pad_token_id = self.tokenizer.pad_token_id
+        if self.pad_token_id is None:
+            self.pad_token_id = self.tokenizer.eos_token_id
+        self.ref = None
+        self._setup_actor()
+        self.critic = (ValueModel.from_actor(self.actor, share_backbone=config.critic.share_backbone)
+                       if config.algorithm.adv_estimator == "gae" else None)
+        self.actor_optim, self.actor_sched = self._optimizer(
+            [p for p in self.actor.parameters() if p.requires_grad], config.actor)
+        self.critic_optim = self.critic_sched = None
+        if self.critic is not None:
+            self.critic_optim, self.critic_sched = self._optimizer(
+                self.critic.trainable_parameters(), config.critic)
+        self.llm = BatchingLLM(self.actor, self.tokenizer, max_batch=config.rollout.max_batch,
+                               max_wait_ms=config.rollout.max_wait_ms, device=self.device,
+                               seed=config.seed)
+        self.loop = asyncio.new_event_loop()
+        self.step = 0
+        r = config.rollout
+        self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
+                                       max_new_tokens=r.max_new_tokens)
+        val_tokens = config.val.max_new_tokens or r.max_new_tokens
+        self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens)
+        self.loss_settings = ppo.LossSettings(
+            policy_loss=config.actor.policy_loss, clip_ratio_low=config.actor.clip_ratio_low,
+            clip_ratio_high=config.actor.clip_ratio_high, clip_ratio_c=config.actor.clip_ratio_c,
+            loss_agg_mode=config.actor.loss_agg_mode)
+
+    # -- set-up ----------------------------------------------------------------------------------
+    @staticmethod
+    def _seed_everything(seed: int) -> None:
+        random.seed(seed)
+        np.random.seed(seed % 2**32)
+        torch.manual_seed(seed)
+
+    def _setup_actor(self) -> None:
+        config = self.config
+        if config.model.gradient_checkpointing:
+            self.actor.gradient_checkpointing_enable()
+        needs_ref = config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
+        if config.lora.rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            lora = LoraConfig(r=config.lora.rank, lora_alpha=config.lora.alpha,
+                              lora_dropout=config.lora.dropout,
+                              target_modules=list(config.lora.target_modules), task_type="CAUSAL_LM")
+            self.actor = get_peft_model(self.actor, lora)
+            # the reference is the base model: the same weights with the adapter switched off
+        elif needs_ref:
+            import copy
+
+            self.ref = copy.deepcopy(self.actor).requires_grad_(False).eval()
+        self.actor.eval()  # no dropout: sampled and recomputed log-probs must agree
+
+    def _optimizer(self, params: list[torch.nn.Parameter], settings: Any):
+        optim = torch.optim.AdamW(params, lr=settings.lr, weight_decay=settings.weight_decay)
+        warmup = max(0, settings.warmup_steps)
+        sched = torch.optim.lr_scheduler.LambdaLR(
+            optim, lambda s: min(1.0, (s + 1) / warmup) if warmup else 1.0)
+        return optim, sched
+
+    # -- the run -----------------------------------------------------------------------------------
+    def fit(self) -> RunResult:
+        """Train to ``train.total_steps`` (resuming per ``resume``); validate, save, log, plot."""
+        config = self.config
+        run_dir = Path(config.run_dir)
+        checkpoint = resume_checkpoint(run_dir, config.resume)
+        if checkpoint is not None:
+            self._restore(checkpoint)
+            log.info("resumed from %s (step %d)", checkpoint, self.step)
+        tracker = RunTracker(run_dir, project=config.project, experiment=config.experiment,
+                             config=config.to_dict(), use_wandb="wandb" in config.trainer.logger,
+                             wandb_mode=config.trainer.wandb_mode,
+                             resume_step=self.step if checkpoint is not None else None,
+                             total_steps=config.train.total_steps,
+                             console="console" in config.trainer.logger)
+        total, freq = config.train.total_steps, config.val.test_freq
+        last_saved = checkpoint
+        with tracker:
+            if self.step == 0 and config.val.before_train:
+                tracker.log(0, self.validate())
+            while self.step < total:
+                step = self.step + 1
+                metrics = self.train_step(step)
+                self.step = step
+                if freq and (step % freq == 0 or step == total):
+                    metrics.update(self.validate())
+                tracker.log(step, metrics)  # before the save: a saved step is always logged
+                if step == total or (config.trainer.save_freq and step % config.trainer.save_freq == 0):
+                    last_saved = self.save(run_dir)
+        plot = None
+        if config.trainer.plot and (run_dir / "metrics.jsonl").exists():
+            plot = plot_learning_curves(run_dir / "metrics.jsonl", run_dir / "learning_curves.png")
+        return RunResult(run_dir=run_dir, run_id=tracker.run_id, step=self.step,
+                         checkpoint=last_saved, metrics=run_dir / "metrics.jsonl", plot=plot)
+
+    def validate(self) -> dict[str, float]:
+        """Greedy episodes of the validation presets on held-out seeds: ``val/<preset>/...``."""
+        v = self.config.val
+        result = self.loop.run_until_complete(evaluate(
+            self.val_presets, self.llm, groups=v.group_num, group_size=v.group_size, split="val",
+            tokenizer=self.tokenizer, sampling=self.val_sampling,
+            max_context_tokens=self.config.rollout.max_context_tokens,
+            progress="console" in self.config.trainer.logger))
+        return {k: v for k, v in result.metrics.items() if not k.startswith("timing/")}
+
+    def save(self, run_dir: Path) -> Path:
+        """A complete checkpoint of this step (see :mod:`agentrl.trainers.checkpoint`)."""
+        state = {
+            "step": self.step,
+            "actor_optim": self.actor_optim.state_dict(),
+            "actor_sched": self.actor_sched.state_dict(),
+            "rng": capture_rng_state({"llm": self.llm.generator}),
+        }
+        tensors = {"trainer_state": state}
+        if self.critic is not None:
+            tensors["critic"] = self.critic.state_dict()
+            state["critic_optim"] = self.critic_optim.state_dict()
+            state["critic_sched"] = self.critic_sched.state_dict()
+        return save_checkpoint(run_dir, self.step, models={"actor": (self.actor, self.tokenizer)},
+                               tensors=tensors, config=self.config.to_dict(),
+                               keep_last=self.config.trainer.keep_last)
+
+    def _restore(self, path: Path) -> None:
+        loaded = load_checkpoint(path, map_location=self.device)
+        restore_weights(self.actor, loaded.model_dirs["actor"])
+        state = loaded.tensors["trainer_state"]
+        self.actor_optim.load_state_dict(state["actor_optim"])
+        self.actor_sched.load_state_dict(state["actor_sched"])
+        if self.critic is not None:
+            self.critic.load_state_dict(loaded.tensors["critic"])
+            self.critic_optim.load_state_dict(state["critic_optim"])
+            self.critic_sched.load_state_dict(state["critic_sched"])
+        restore_rng_state(state["rng"], {"llm": self.llm.generator})
+        self.step = int(state["step"])
+
+    def close(self) -> None:
+        """Stop the generation worker, then the event loop."""
+        if not self.loop.is_closed():
+            self.loop.run_until_complete(self.llm.aclose())
+            self.loop.close()
+
+    # -- one step ----------------------------------------------------------------------------------
+    def train_step(self, step: int) -> dict[str, float]:
+        """Run the stages of one PPO step and return its metrics."""
+        config, timer = self.config, StageTimer()
+        metrics: dict[str, float] = {}
+        with timer("rollout"):
+            trajectories = self._rollout(self.train_presets, train_seeds(
+                step, config.train.group_num, config.seed), config.train.group_size,
+                self.sampling, desc=f"step {step} rollout")
+        metrics.update(rollout_metrics(trajectories, split="train"))
+        metrics.update(self._collapse_metrics(trajectories))
+        with timer("filter"):
+            r = config.rollout
+            kept = filter_groups(trajectories, r.filter_ratio, r.filter_mode)
+            kept = normalize_returns(kept, r.grouping, r.norm_method)
+            batch = to_batch(kept, self.pad_token_id, r.reward_placement)
+        metrics["train/kept_trajectories"] = float(len(kept))
+        batch["group_index"] = torch.tensor([t.group_index for t in kept])
+        metrics.update(self._update(batch, timer))
+        metrics.update(timer.metrics())
+        return metrics
+
+    def _rollout(self, presets, seeds, group_size, sampling, desc: str):
+        total = len(seeds) * group_size
+        with tqdm(total=total, desc=desc, unit="ep", leave=False) as bar:
+            return self.loop.run_until_complete(run_groups(
+                presets, self.llm, self.tokenizer, sampling, group_num=len(seeds),
+                group_size=group_size, seeds=seeds,
+                max_context_tokens=self.config.rollout.max_context_tokens,
+                on_episode_done=lambda _: bar.update(1)))
+
+    def _collapse_metrics(self, trajectories) -> dict[str, float]:
+        turns = [turn for t in trajectories for turn in t.turns]
+        echo = sum(is_echo(turn.text) for turn in turns) / max(1, len(turns))
+        tokens = sum(len(turn.response_ids) for turn in turns) / max(1, len(turns))
+        if echo > ECHO_WARN_RATE:
+            log.warning("%.0f%% of replies are one repeated pattern (echo trap)", 100 * echo)
+        if tokens < MIN_REPLY_TOKENS:
+            log.warning("replies collapsed to %.1f tokens on average", tokens)
+        return {"guard/echo_rate": echo, "guard/reply_tokens": tokens}
+
+    @torch.no_grad()
+    def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer) -> dict[str, torch.Tensor]:
+        """Old log-probs, reference log-probs and values over the batch, micro-batch by micro-batch."""
+        size = self.config.actor.micro_batch_size
+        parts: dict[str, list[torch.Tensor]] = defaultdict(list)
+        n, length = batch["responses"].shape
+        temperature = self._temperature()
+        for start in range(0, n, size):
+            rows = torch.arange(start, min(n, start + size))
+            micro = _rows(batch, rows)
+            with timer("old_logprobs"):
+                parts["old"].append(_pad(response_logprobs(
+                    self.actor, micro, temperature=temperature)[0], length))
+            if self._needs_ref():
+                with timer("ref"), self._reference() as ref:
+                    parts["ref"].append(_pad(response_logprobs(ref, micro, temperature=temperature)[0], length))
+            if self.critic is not None:
+                with timer("values"):
+                    parts["values"].append(_pad(self.critic(micro), length))
+        return {k: torch.cat(v).cpu() for k, v in parts.items()}
+
+    def _temperature(self) -> float:
+        t = self.config.rollout.temperature
+        return t if t > 0 else 1.0
+
+    def _needs_ref(self) -> bool:
+        return self.config.algorithm.use_kl_in_reward or self.config.actor.use_kl_loss
+
+    @contextlib.contextmanager
+    def _reference(self):
+        if self.ref is not None:
+            yield self.ref
+        else:  # LoRA: the base model is the actor with its adapter disabled
+            with self.actor.disable_adapter():
+                yield self.actor
+
+    def _update(self, batch: dict[str, torch.Tensor], timer: StageTimer) -> dict[str, float]:
+        config, algo = self.config, self.config.algorithm
+        metrics: dict[str, float] = {}
+        mask = batch["response_mask"].float()
+        scored = self._score(batch, timer)
+        with timer("advantages"):
+            rewards = batch["token_level_rewards"].float()
+            if algo.use_kl_in_reward:
+                rewards, kl = ppo.rewards_with_kl(rewards, mask, scored["old"], scored["ref"],
+                                                  kl_coef=algo.kl_coef, kl_penalty=algo.kl_penalty)
+                metrics["actor/reward_kl"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+            advantages, returns = ppo.compute_advantages(
+                algo.adv_estimator, rewards, mask, values=scored.get("values"),
+                group_index=batch["group_index"].numpy(), gamma=algo.gamma, lam=algo.lam,
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+        if not _finite(rewards, advantages, returns):
+            log.warning("non-finite rewards or advantages: this step's update is skipped")
+            metrics["guard/skipped_updates"] = 1.0
+            return metrics
+        batch = {**batch, "old_logprobs": scored["old"], "advantages": advantages,
+                 "returns": returns}
+        if "ref" in scored:
+            batch["ref_logprobs"] = scored["ref"]
+        if "values" in scored:
+            batch["values"] = scored["values"]
+        metrics["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
+        metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
+        skipped = 0
+        if self.critic is not None:
+            with timer("critic"):
+                critic_metrics, s = self._epochs(batch, self._critic_micro, self.critic_optim,
+                                                 self.critic.trainable_parameters(),
+                                                 config.critic.grad_clip,
+                                                 config.critic.ppo_epochs or config.actor.ppo_epochs,
+                                                 "critic")
+                metrics.update(critic_metrics)
+                skipped += s
+        with timer("actor"):
+            actor_metrics, s = self._epochs(batch, self._actor_micro, self.actor_optim,
+                                            [p for p in self.actor.parameters() if p.requires_grad],
+                                            config.actor.grad_clip, config.actor.ppo_epochs, "actor")
+            metrics.update(actor_metrics)
+            skipped += s
+        self.actor_sched.step()
+        if self.critic_sched is not None:
+            self.critic_sched.step()
+        metrics["actor/lr"] = self.actor_sched.get_last_lr()[0]
+        metrics["guard/skipped_updates"] = float(skipped)
+        entropy = metrics.get("actor/entropy")
+        if entropy is not None and entropy < ENTROPY_FLOOR:
+            log.warning("policy entropy collapsed to %.4f nats", entropy)
+        return metrics
+
+    def _epochs(self, batch, micro_loss, optim, params, grad_clip: float, epochs: int,
+                role: str) -> tuple[dict[str, float], int]:
+        """``epochs`` passes of shuffled mini-batches; returns mean metrics and skipped updates."""
+        n = batch["responses"].shape[0]
+        mini = self.config.actor.ppo_mini_batch_size or n
+        micro = self.config.actor.micro_batch_size
+        generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step)
+        sums: dict[str, float] = defaultdict(float)
+        counts: dict[str, int] = defaultdict(int)
+        skipped = 0
+        total = epochs * math.ceil(n / mini)
+        with tqdm(total=total, desc=f"{role} update", unit="mb", leave=False) as bar:
+            for _ in range(epochs):
+                order = torch.randperm(n, generator=generator)
+                for start in range(0, n, mini):
+                    rows = order[start:start + mini]
+                    size = ppo.MiniBatchSize.of(batch["response_mask"][rows].float())
+                    optim.zero_grad(set_to_none=True)
+                    finite = True
+                    for m in range(0, len(rows), micro):
+                        loss, values = micro_loss(_rows(batch, rows[m:m + micro]), size)
+                        if not torch.isfinite(loss):
+                            finite = False
+                            break
+                        loss.backward()
+                        for key, value in values.items():
+                            sums[key] += value
+                            counts[key] += 1
+                    if finite:
+                        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
+                        finite = bool(torch.isfinite(norm))
+                        sums[f"{role}/grad_norm"] += float(norm)
+                        counts[f"{role}/grad_norm"] += 1
+                    if finite:
+                        optim.step()
+                    else:
+                        log.warning("non-finite %s loss or gradient: update skipped", role)
+                        optim.zero_grad(set_to_none=True)
+                        skipped += 1
+                    bar.update(1)
+        return {k: sums[k] / counts[k] for k in sums}, skipped
+
+    def _actor_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize):
+        config = self.config.actor
+        device = self.device
+        mask = micro["response_mask"].to(device).float()
+        logprobs, entropy = response_logprobs(self.actor, micro, temperature=self._temperature(),
+                                              with_entropy=True,
+                                              entropy_grad=config.entropy_coeff != 0)
+        pg_loss, metrics = ppo.policy_loss(logprobs, micro["old_logprobs"].to(device),
+                                           micro["advantages"].to(device), mask,
+                                           self.loss_settings, size)
+        entropy_term = ppo.entropy_bonus(entropy, mask, config.loss_agg_mode, size)
+        loss = pg_loss - config.entropy_coeff * entropy_term
+        # metrics: a micro-batch's term is its share of the mini-batch sum; scale back to a mean
+        share = float(mask.sum()) / size.tokens
+        if config.use_kl_loss:
+            kl = ppo.kl_loss(logprobs, micro["ref_logprobs"].to(device), mask,
+                             config.kl_loss_type, config.loss_agg_mode, size)
+            loss = loss + config.kl_loss_coef * kl
+            metrics["actor/kl_loss"] = float(kl.detach()) / max(share, 1e-9)
+        metrics["actor/pg_loss"] = float(pg_loss.detach()) / max(share, 1e-9)
+        metrics["actor/entropy"] = float(entropy_term.detach()) / max(share, 1e-9)
+        return loss, metrics
+
+    def _critic_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize):
+        device = self.device
+        mask = micro["response_mask"].to(device).float()
+        vpreds = self.critic(micro)
+        loss, clipfrac = ppo.value_loss(vpreds, micro["returns"].to(device),
+                                        micro["values"].to(device), mask,
+                                        cliprange_value=self.config.critic.cliprange_value,
+                                        mode=self.config.actor.loss_agg_mode, size=size)
+        share = float(mask.sum()) / size.tokens
+        return loss, {"critic/vf_loss": float(loss.detach()) / max(share, 1e-9),
+                      "critic/vf_clipfrac": clipfrac,
+                      "critic/vpred_mean": float((vpreds.detach() * mask).sum() / mask.sum().clamp(min=1))}
+
+
+def _pad(values: torch.Tensor, length: int) -> torch.Tensor:
+    """Right-pad a ``(b, r)`` micro-batch result back to the batch's response length."""
+    if values.shape[1] == length:
+        return values
+    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
+
+
+def _device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise ValueError("device=cuda but no CUDA device is available; use device=cpu or auto")
+    return torch.device(name)
+

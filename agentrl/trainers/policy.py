@@ -1,0 +1,117 @@
+"""The networks PPO trains: response log-probs of the actor, and a critic that is a value head.
+
+    logprobs, entropy = response_logprobs(actor, batch, temperature=1.0, with_entropy=True)
+    critic = ValueModel.from_actor(actor, share_backbone=False)
+    values = critic(batch)                                   # (B, R)
+
+Positions follow verl's layout (:func:`agentrl.rollout.to_batch`): ``input_ids = prompts |
+responses`` with ``P`` prompt and ``R`` response columns. Response token ``i`` is predicted from
+position ``P - 1 + i``, so its log-prob and its value both come from that position (the state
+*before* the token), as in verl's actor and critic.
+
+Only the last ``R + 1`` positions go through the LM head (``logits_to_keep``): the prompt's
+logits are never materialised, which is most of the memory of a long multi-turn episode.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+__all__ = ["ValueModel", "backbone_of", "response_logprobs"]
+
+
+def _model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
+    return {key: batch[key].to(device) for key in ("input_ids", "attention_mask", "position_ids")}
+
+
+def response_logprobs(
+    model: Any,
+    batch: dict[str, torch.Tensor],
+    *,
+    temperature: float = 1.0,
+    with_entropy: bool = False,
+    entropy_grad: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """Log-prob of each response token under ``model`` (and its entropy), both ``(B, R)``.
+
+    Differentiable: call under ``torch.no_grad()`` for old/reference log-probs. Logits are
+    divided by ``temperature`` (the sampler's), so the ratio compares like with like. The
+    log-prob is ``logit - logsumexp(logits)``, which keeps no ``(B, R, vocab)`` tensor for the
+    backward pass beyond the logits themselves; the entropy is a metric (no gradient) unless
+    ``entropy_grad`` (an entropy bonus in the loss).
+    """
+    from verl.utils.torch_functional import entropy_from_logits
+
+    device = next(model.parameters()).device
+    responses = batch["responses"].to(device)
+    length = responses.shape[1]
+    out = model(**_model_inputs(batch, device), use_cache=False, logits_to_keep=length + 1)
+    logits = out.logits[:, :-1].float()
+    if temperature != 1.0:
+        logits = logits / temperature
+    chosen = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+    logprobs = chosen - torch.logsumexp(logits, dim=-1)
+    entropy = None
+    if with_entropy:
+        with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
+            entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
+    return logprobs, entropy
+
+
+def backbone_of(model: Any) -> nn.Module:
+    """The transformer under a causal LM's head (``model.model`` for Llama-like models)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    backbone = getattr(base, base.base_model_prefix, None)
+    if backbone is None:
+        raise ValueError(f"cannot find the backbone of {type(base).__name__}")
+    return backbone
+
+
+class ValueModel(nn.Module):
+    """A scalar value per response token: a linear head on a transformer's last hidden state.
+
+    ``share_backbone=True`` reads the actor's own backbone, detached: only the head trains, and no
+    second copy of the model is held (the choice for tight memory). Otherwise the critic owns a
+    copy of the actor's backbone and trains all of it (verl's critic, initialised from the actor).
+    The head starts at zero, so initial values are 0 and the first advantages are the returns.
+    """
+
+    def __init__(self, backbone: nn.Module, hidden_size: int, *, shared: bool):
+        super().__init__()
+        self.shared = shared
+        if shared:  # not a submodule: its weights belong to the actor (and its checkpoint)
+            self.__dict__["backbone"] = backbone
+        else:
+            self.backbone = backbone
+        self.head = nn.Linear(hidden_size, 1)
+        nn.init.zeros_(self.head.weight)
+        nn.init.zeros_(self.head.bias)
+
+    @classmethod
+    def from_actor(cls, actor: Any, *, share_backbone: bool) -> ValueModel:
+        backbone = backbone_of(actor)
+        if not share_backbone:
+            backbone = copy.deepcopy(backbone)
+            backbone.requires_grad_(True)
+        hidden = actor.config.hidden_size
+        param = next(backbone.parameters())
+        return cls(backbone, hidden, shared=share_backbone).to(param.device)
+
+    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        device = self.head.weight.device
+        length = batch["responses"].shape[1]
+        inputs = _model_inputs(batch, device)
+        if self.shared:
+            with torch.no_grad():
+                hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
+        else:
+            hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
+        hidden = hidden[:, -length - 1:-1].to(self.head.weight.dtype)
+        return self.head(hidden).squeeze(-1).float()
+
+    def trainable_parameters(self) -> list[nn.Parameter]:
+        return [p for p in self.parameters() if p.requires_grad]

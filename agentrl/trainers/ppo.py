@@ -1,0 +1,139 @@
+"""PPO's math, from verl's ``core_algos``, on the batch layout of :func:`agentrl.rollout.to_batch`.
+
+    rewards = rewards_with_kl(batch, old_logprobs, ref_logprobs, kl_coef=0.001, kl_penalty="low_var_kl")
+    advantages, returns = compute_advantages("gae", rewards, mask, values=values, gamma=1.0, lam=1.0)
+    loss, metrics = policy_loss(new_logprobs, old_logprobs, advantages, mask, settings, tokens)
+
+Nothing here re-implements an estimator or a loss: advantages come from
+``core_algos.get_adv_estimator_fn(name)`` (GAE, or GRPO and the other critic-free estimators
+through the same call), the policy loss from ``get_policy_loss_fn(name)`` (low/high clip,
+dual-clip ``clip_ratio_c``), the value loss from ``compute_value_loss`` (clipped), KL from
+``kl_penalty`` and every reduction from ``agg_loss``. This module only adapts arguments.
+
+Gradient accumulation is exact: each micro-batch's loss is aggregated with the *mini-batch's*
+token and sequence counts (verl's ``global_batch_info``), so the summed micro-batch gradients
+equal the gradient of the mini-batch loss whatever the micro-batch size.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import torch
+from omegaconf import OmegaConf
+
+__all__ = [
+    "LossSettings", "MiniBatchSize", "aggregate", "compute_advantages", "entropy_bonus",
+    "kl_loss", "policy_loss", "rewards_with_kl", "value_loss",
+]
+
+
+def _core():
+    from verl.trainer.ppo import core_algos
+
+    return core_algos
+
+
+@dataclass(frozen=True)
+class MiniBatchSize:
+    """What a micro-batch's loss is normalised by: the tokens and sequences of its mini-batch."""
+
+    tokens: int
+    sequences: int
+
+    @classmethod
+    def of(cls, response_mask: torch.Tensor) -> MiniBatchSize:
+        seqs = int((response_mask.sum(-1) > 0).sum())
+        return cls(tokens=max(1, int(response_mask.sum())), sequences=max(1, seqs))
+
+    def info(self) -> dict[str, int]:
+        return {"dp_size": 1, "batch_num_tokens": self.tokens, "global_batch_size": self.sequences}
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """The actor-loss knobs (a view of the actor config, in core_algos' terms)."""
+
+    policy_loss: str = "vanilla"
+    clip_ratio_low: float = 0.2
+    clip_ratio_high: float = 0.28
+    clip_ratio_c: float = 3.0
+    loss_agg_mode: str = "token-mean"
+
+
+def aggregate(loss_mat: torch.Tensor, mask: torch.Tensor, mode: str, size: MiniBatchSize) -> torch.Tensor:
+    return _core().agg_loss(loss_mat=loss_mat, loss_mask=mask, loss_agg_mode=mode, **size.info())
+
+
+def rewards_with_kl(token_rewards: torch.Tensor, response_mask: torch.Tensor,
+                    old_logprobs: torch.Tensor, ref_logprobs: torch.Tensor, *, kl_coef: float,
+                    kl_penalty: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """``rewards - kl_coef * KL(old || ref)`` on model tokens (verl's ``apply_kl_penalty``);
+    also returns the per-token KL."""
+    kl = _core().kl_penalty(old_logprobs, ref_logprobs, kl_penalty) * response_mask
+    return token_rewards - kl_coef * kl, kl
+
+
+def compute_advantages(estimator: str, token_rewards: torch.Tensor, response_mask: torch.Tensor, *,
+                       values: torch.Tensor | None = None, group_index: np.ndarray | None = None,
+                       gamma: float = 1.0, lam: float = 1.0,
+                       norm_adv_by_std_in_grpo: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(advantages, returns)``, both ``(B, R)``, from the estimator registered as ``estimator``.
+
+    GAE needs the critic's ``values``; the outcome estimators (GRPO, RLOO, ...) need
+    ``group_index`` (one id per trajectory; members of a group share it).
+    """
+    fn = _core().get_adv_estimator_fn(estimator)
+    if estimator == "gae":
+        if values is None:
+            raise ValueError("the gae estimator needs the critic's values")
+        return fn(token_level_rewards=token_rewards, values=values, response_mask=response_mask,
+                  gamma=gamma, lam=lam)
+    if group_index is None:
+        raise ValueError(f"the {estimator} estimator needs group_index")
+    kwargs: dict[str, Any] = {"token_level_rewards": token_rewards, "response_mask": response_mask,
+                              "index": group_index}
+    if estimator == "grpo":
+        kwargs["norm_adv_by_std_in_grpo"] = norm_adv_by_std_in_grpo
+    return fn(**kwargs)
+
+
+def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor,
+                response_mask: torch.Tensor, settings: LossSettings,
+                size: MiniBatchSize) -> tuple[torch.Tensor, dict[str, float]]:
+    """The registered policy loss (``vanilla``: PPO clip with separate low/high clip)."""
+    config = OmegaConf.create({
+        "clip_ratio": settings.clip_ratio_low, "clip_ratio_low": settings.clip_ratio_low,
+        "clip_ratio_high": settings.clip_ratio_high, "clip_ratio_c": settings.clip_ratio_c,
+        "loss_agg_mode": settings.loss_agg_mode,
+        "policy_loss": {"loss_mode": settings.policy_loss}, "global_batch_info": size.info(),
+    })
+    fn = _core().get_policy_loss_fn(settings.policy_loss)
+    loss, metrics = fn(old_log_prob=old_logprobs, log_prob=logprobs, advantages=advantages,
+                       response_mask=response_mask, loss_agg_mode=settings.loss_agg_mode,
+                       config=config)
+    return loss, {k: float(v) for k, v in metrics.items()}
+
+
+def entropy_bonus(entropy: torch.Tensor, response_mask: torch.Tensor, mode: str,
+                  size: MiniBatchSize) -> torch.Tensor:
+    return aggregate(entropy, response_mask, mode, size)
+
+
+def kl_loss(logprobs: torch.Tensor, ref_logprobs: torch.Tensor, response_mask: torch.Tensor,
+            kl_type: str, mode: str, size: MiniBatchSize) -> torch.Tensor:
+    """KL(actor || ref) as a loss term (verl's ``use_kl_loss``)."""
+    return aggregate(_core().kl_penalty(logprobs, ref_logprobs, kl_type), response_mask, mode, size)
+
+
+def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, old_values: torch.Tensor,
+               response_mask: torch.Tensor, *, cliprange_value: float, mode: str,
+               size: MiniBatchSize) -> tuple[torch.Tensor, float]:
+    """Clipped value loss (``0.5 * max((v - R)^2, (clip(v) - R)^2)``, aggregated)."""
+    loss, clipfrac = _core().compute_value_loss(
+        vpreds=vpreds, returns=returns, values=old_values, response_mask=response_mask,
+        cliprange_value=cliprange_value, loss_agg_mode=mode, dp_size=1,
+        batch_num_tokens=size.tokens, global_batch_size=size.sequences)
+    return loss, float(clipfrac)
