@@ -341,7 +341,7 @@ class LocalTrainer:
         tokens = sum(len(turn.response_ids) for turn in turns) / max(1, len(turns))
         if echo > ECHO_WARN_RATE:
             log.warning("%.0f%% of replies are one repeated pattern (echo trap)", 100 * echo)
-        if tokens < MIN_REPLY_TOKENS:
+        if tokens < MIN_REPLY_TOKENS < self.sampling.max_new_tokens:
             log.warning("replies collapsed to %.1f tokens on average", tokens)
         return {"guard/echo_rate": echo, "guard/reply_tokens": tokens}
 
