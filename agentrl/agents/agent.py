@@ -56,13 +56,16 @@ class GameSpec:
     """Actions shown in the answer-format example (cut to ``max_actions_per_turn``)."""
     state_label: str
     """Heading put before each observation ('' when the observation carries its own)."""
+    slow_steps: bool = False
+    """Steps take milliseconds (an interpreter, not a few array ops): the rollout runs them in a
+    worker thread so they never stall other episodes' requests."""
 
 
 GAME_SPECS: dict[str, GameSpec] = {
     "Sokoban": GameSpec(("Right", "Right", "Up"), "Room:"),
     "Tetris": GameSpec(("Left", "Down", "Down"), "Board:"),
     "BlocksWorld": GameSpec(("move 2 to 0", "move 1 to 2"), ""),  # "Current state: ... Goal..."
-    "TextWorld": GameSpec(("open box", "take key from box"), ""),  # "Goal: ... Admissible..."
+    "TextWorld": GameSpec(("open box", "take key from box"), "", slow_steps=True),  # "Goal: ..."
     "Bandit": GameSpec(("A",), ""),  # "Pick one arm: A, B"
 }
 

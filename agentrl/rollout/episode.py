@@ -50,8 +50,9 @@ gets exactly that list:
   same mechanism: at most the last K blocks are in the context.
 - ``max_new_tokens`` per reply is ``min(sampling.max_new_tokens, config.max_response_tokens)``;
   the end-of-turn ids are added to ``stop_token_ids``.
-- Environment steps (``agent.step``) run in a worker thread (``asyncio.to_thread``) so a slow
-  game (TextWorld's interpreter) never holds up other episodes' generation requests. Resets run
+- Environment steps of a game whose ``GameSpec.slow_steps`` is set (TextWorld's interpreter) run
+  in a worker thread (``asyncio.to_thread``), so they never hold up other episodes' generation
+  requests; the other games step in microseconds, less than the thread hop costs. Resets run
   on the event loop before the first ``await``: in a group they then run one after another in
   gather order, so the first member generates the game and the others reuse it.
 """
@@ -74,6 +75,7 @@ _SYNTHETIC_PREFIX = [
     {"role": "user", "content": "agentrl synthetic user"},
 ]
 _SENTINEL = "agentrl-synthetic-assistant-reply"
+MAX_REMEMBERED_OPENINGS = 4096
 
 
 class LLM(Protocol):
@@ -103,10 +105,22 @@ class ChatSuffix:
                 f"the chat template does not close an assistant turn with {eot_text!r} right "
                 f"after its content (got {after[:40]!r}); token-in/token-out needs that")
         self._prefix_text = text[: text.index(_SENTINEL) + len(_SENTINEL) + len(eot_text)]
+        self._openings: dict[tuple, list[int]] = {}
 
     def _render(self, messages: list[dict], generation_prompt: bool) -> str:
         return self.tokenizer.apply_chat_template(
             messages, add_generation_prompt=generation_prompt, tokenize=False)
+
+    def first_prompt(self, messages: list[dict]) -> list[int]:
+        """:func:`first_prompt_ids`, remembered: the members of a group open with the same
+        messages, so the template is rendered once per group."""
+        key = tuple((m.get("role"), m.get("content")) for m in messages)
+        ids = self._openings.get(key)
+        if ids is None:
+            if len(self._openings) >= MAX_REMEMBERED_OPENINGS:
+                self._openings.clear()
+            ids = self._openings[key] = first_prompt_ids(self.tokenizer, messages)
+        return list(ids)
 
     def __call__(self, messages: list[dict]) -> list[int]:
         text = self._render(self._prefix + list(messages), generation_prompt=True)
@@ -166,7 +180,7 @@ async def run_episode(
     messages = agent.reset(seed=seed)
     timings["env_s"] += time.perf_counter() - start
     start = time.perf_counter()
-    prompt_ids = first_prompt_ids(tokenizer, messages)
+    prompt_ids = suffix.first_prompt(messages)
     timings["tokenize_s"] += time.perf_counter() - start
     if len(prompt_ids) + max_new > max_context_tokens:
         raise ValueError(f"the first prompt ({len(prompt_ids)} tokens) + max_new_tokens "
@@ -209,7 +223,10 @@ async def run_episode(
 
         start = time.perf_counter()
         text = tokenizer.decode(ids, skip_special_tokens=True)
-        result = await asyncio.to_thread(agent.step, text)
+        if agent.spec.slow_steps:
+            result = await asyncio.to_thread(agent.step, text)
+        else:
+            result = agent.step(text)
         timings["env_s"] += time.perf_counter() - start
         turns.append(Turn(
             prompt_ids=tuple(next_prompt), response_ids=tuple(ids), logprobs=tuple(lps),
