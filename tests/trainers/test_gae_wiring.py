@@ -1,0 +1,73 @@
+"""Value and GAE wiring on a hand-computed two-turn episode, and the critic's positions."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.rollout import to_batch
+from agentrl.rollout.records import Trajectory
+from agentrl.trainers import ppo
+from agentrl.trainers.policy import ValueModel, backbone_of
+
+
+def two_turn_episode() -> Trajectory:
+    """Prompt 3 tokens | reply 1 (2 tokens) | observation (2 tokens) | reply 2 (2 tokens)."""
+    return Trajectory(
+        preset="p", seed=0, group_index=0, prompt_ids=[11, 12, 13],
+        response_ids=[21, 22, 31, 32, 41, 42], response_mask=[1, 1, 0, 0, 1, 1],
+        response_logprobs=[-1.0, -1.0, 0.0, 0.0, -1.0, -1.0], turn_end_positions=[1, 5],
+        turn_rewards=[1.0, 2.0], success=True, episode_return=3.0, num_turns=2)
+
+
+def test_turn_rewards_compose_into_returns():
+    batch = to_batch([two_turn_episode()], pad_token_id=0, reward_placement="turn")
+    mask = batch["response_mask"].float()
+    values = torch.zeros_like(mask)
+    _, returns = ppo.compute_advantages("gae", batch["token_level_rewards"], mask,
+                                        values=values, gamma=1.0, lam=1.0)
+    # every token of turn 1 is worth both turns' rewards; turn 2 only its own
+    assert returns[0, mask[0] == 1].tolist() == [3.0, 3.0, 2.0, 2.0]
+
+
+def test_gae_by_hand_skips_observation_tokens():
+    batch = to_batch([two_turn_episode()], pad_token_id=0, reward_placement="turn")
+    mask = batch["response_mask"].float()
+    # observation values (9.0) must be ignored: GAE bridges over them
+    values = torch.tensor([[0.5, 0.4, 9.0, 9.0, 0.3, 0.2]])
+    advantages, returns = ppo.compute_advantages("gae", batch["token_level_rewards"], mask,
+                                                 values=values, gamma=1.0, lam=0.5)
+    # backwards over model tokens, gamma 1, lambda 0.5:
+    # t5: 2 + 0 - 0.2 = 1.8                 -> A = 1.8
+    # t4: 0 + 0.2 - 0.3 = -0.1              -> A = -0.1 + 0.5 * 1.8 = 0.8
+    # t1: 1 + 0.3 - 0.4 = 0.9 (next = t4)   -> A = 0.9 + 0.5 * 0.8 = 1.3
+    # t0: 0 + 0.4 - 0.5 = -0.1              -> A = -0.1 + 0.5 * 1.3 = 0.55
+    raw = torch.tensor([0.55, 1.3, 0.8, 1.8])
+    model_tokens = mask[0] == 1
+    assert returns[0, model_tokens] == pytest.approx((raw + torch.tensor([0.5, 0.4, 0.3, 0.2])).tolist())
+    whitened = (raw - raw.mean()) / raw.std()  # verl whitens over model tokens
+    assert advantages[0, model_tokens] == pytest.approx(whitened.tolist(), abs=1e-4)
+
+
+def test_last_placement_puts_the_score_on_the_last_model_token():
+    trajectory = two_turn_episode()
+    batch = to_batch([trajectory], pad_token_id=0, reward_placement="last")
+    rewards = batch["token_level_rewards"][0]
+    assert rewards[5] == 3.0 and rewards.sum() == 3.0
+
+
+@pytest.mark.parametrize("shared", [False, True])
+def test_value_of_a_token_is_read_before_it(tiny, shared):
+    model, _ = tiny
+    critic = ValueModel.from_actor(model, share_backbone=shared)
+    torch.nn.init.normal_(critic.head.weight)
+    batch = to_batch([two_turn_episode()], pad_token_id=0)
+    values = critic(batch)
+    with torch.no_grad():
+        hidden = backbone_of(model)(input_ids=batch["input_ids"]).last_hidden_state
+        expected = critic.head(hidden).squeeze(-1)[0, 2:8]  # positions P-1 .. P+R-2
+    assert values.shape == (1, 6)
+    assert values[0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    trainable = {id(p) for p in critic.trainable_parameters()}
+    assert (id(next(backbone_of(model).parameters())) in trainable) is False
+    assert len(trainable) == (2 if shared else len(list(critic.parameters())))
