@@ -1,0 +1,121 @@
+"""Where a local PPO step spends its time: share of each stage, and tokens/s of the update.
+
+    python scripts/bench/train.py                          # embedded model, CPU preset, 2 steps
+    python scripts/bench/train.py --steps 3 --out /tmp/train.json model=tiny
+    python scripts/bench/train.py critic.share_backbone=true lora.rank=8
+
+Extra ``key=value`` arguments are hydra overrides of configs/base.yaml (the same as
+``agentrl train``). The run writes into a temporary run_dir, without validation, checkpoints,
+WandB or plots, so only the training stages are timed. Stage shares are of the summed step
+time; update tokens/s counts every token the actor (or critic) forward+backward passes read
+(prompt and response, all PPO epochs) over that stage's seconds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+from rich.console import Console
+from rich.table import Table
+
+from agentrl.config import compose_config
+from agentrl.trainers.local import LocalTrainer
+
+STAGES = ("rollout", "filter", "old_logprobs", "ref", "values", "advantages", "critic", "actor")
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=2, help="training steps timed (default 2)")
+    parser.add_argument("--out", default="bench_results/train.json", help="JSON output path")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    if args.steps < 1:
+        raise SystemExit("--steps must be >= 1")
+    with tempfile.TemporaryDirectory() as run_dir:
+        config = compose_config([
+            "train.presets=[quickSokobanAgent]", "val.presets=[quickSokobanAgent]",
+            *args.overrides, f"run_dir={run_dir}", "val.before_train=false", "val.test_freq=0",
+            "trainer.logger=[]", "trainer.plot=false", "resume=never"])
+        trainer = LocalTrainer(config)
+        steps = []
+        try:
+            for step in range(1, args.steps + 1):
+                tokens = _count_update_tokens(trainer)
+                start = time.perf_counter()
+                metrics = trainer.train_step(step)
+                metrics["wall_s"] = time.perf_counter() - start
+                metrics["update_tokens"] = float(tokens.pop())
+                steps.append(metrics)
+        finally:
+            trainer.close()
+    result = summarize(steps, config)
+    show(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2))
+    print(f"wrote {out}")
+    return result
+
+
+def _count_update_tokens(trainer: LocalTrainer) -> list[int]:
+    """Hook the batch builder to count the tokens the update reads (set per step)."""
+    box: list[int] = []
+    real = trainer._update
+
+    def counting(batch, timer):
+        box.append(int(batch["attention_mask"].sum()))
+        return real(batch, timer)
+
+    trainer._update = counting
+    return box
+
+
+def summarize(steps: list[dict], config) -> dict:
+    total = sum(s["timing/step_s"] for s in steps)
+    shares = {stage: sum(s.get(f"timing/{stage}_s", 0.0) for s in steps) / total for stage in STAGES}
+    epochs = config.actor.ppo_epochs
+    critic_epochs = config.critic.ppo_epochs or epochs
+    tokens = sum(s["update_tokens"] for s in steps)
+    actor_s = sum(s.get("timing/actor_s", 0.0) for s in steps)
+    critic_s = sum(s.get("timing/critic_s", 0.0) for s in steps)
+    return {
+        "model": config.model.name, "device": config.device, "steps": len(steps),
+        "episodes_per_step": config.train.group_num * config.train.group_size,
+        "seconds_per_step": total / len(steps), "stage_share": shares,
+        "actor_update_tokens_per_s": tokens * epochs / actor_s if actor_s else None,
+        "critic_update_tokens_per_s": tokens * critic_epochs / critic_s if critic_s else None,
+        "update_tokens_per_step": tokens / len(steps),
+        "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
+        "per_step": steps,
+    }
+
+
+def show(result: dict) -> None:
+    table = Table(title=f"PPO step on {result['model']} ({result['device']}), "
+                        f"{result['episodes_per_step']} episodes/step, "
+                        f"{result['seconds_per_step']:.1f} s/step")
+    table.add_column("stage")
+    table.add_column("share of step", justify="right")
+    for stage, share in result["stage_share"].items():
+        table.add_row(stage, f"{100 * share:.1f}%")
+    Console().print(table)
+    for role in ("actor", "critic"):
+        value = result[f"{role}_update_tokens_per_s"]
+        if value is not None:
+            print(f"{role} update: {value:,.0f} tokens/s "
+                  f"({result['update_tokens_per_step']:,.0f} tokens per step and epoch)")
+
+
+if __name__ == "__main__":
+    main()
