@@ -11,8 +11,8 @@
 #    3 GROUP_SIZE        episodes per group, all on the group's game           (default 4)
 #    4 VAL_GROUP_NUM     held-out games per validation preset                  (default 2)
 #    5 VAL_GROUP_SIZE    episodes per held-out game                            (default 1)
-#    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [simpleSokobanAgent])
-#    7 VAL_PRESETS       agent presets to validate on                          (default [simpleSokobanAgent])
+#    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [quickSokobanAgent])
+#    7 VAL_PRESETS       agent presets to validate on                          (default [quickSokobanAgent])
 #    8 GPUS_PER_NODE     GPUs per node (multi-node runs)                       (default: GPUS)
 #    9 PROJECT           WandB project, and runs/<project>/                    (default agentrl)
 #   10 EXPERIMENT        run name, and runs/<project>/<experiment>/            (default quick)
@@ -37,8 +37,8 @@ GROUP_NUM=${2:-2}
 GROUP_SIZE=${3:-4}
 VAL_GROUP_NUM=${4:-2}
 VAL_GROUP_SIZE=${5:-1}
-TRAIN_PRESETS=${6:-[simpleSokobanAgent]}
-VAL_PRESETS=${7:-[simpleSokobanAgent]}
+TRAIN_PRESETS=${6:-[quickSokobanAgent]}
+VAL_PRESETS=${7:-[quickSokobanAgent]}
 GPUS_PER_NODE=${8:-$GPUS}
 PROJECT=${9:-agentrl}
 EXPERIMENT=${10:-quick}
