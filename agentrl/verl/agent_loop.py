@@ -1,0 +1,490 @@
+r"""verl AgentLoop ``agentrl_game``: :func:`agentrl.rollout.run_episode` inside verl 0.9.1's rollout.
+
+Plug it into verl's ``main_ppo`` with these overrides (:func:`verl_overrides` returns them)::
+
+    trainer.use_v1=true                  # or false (legacy RayPPOTrainer): always set explicitly
+    actor_rollout_ref.model.external_lib=agentrl.verl.agent_loop
+    actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_game
+    # legacy trainer only (V1 wants an AgentLoopManagerTQ under this key, and needs none):
+    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=\
+        agentrl.verl.agent_loop.GameAgentLoopManager
+
+``external_lib`` makes every AgentLoopWorker import this module, whose ``@register`` puts the
+loop in verl's registry (rows pick it by ``agent_name``; the default covers rows without one);
+the manager class is how the legacy trainer gets per-token rewards (see *Rewards*). Importing
+this module imports verl and ray (~15 s on a cold start).
+
+Each task row (:mod:`agentrl.verl.data`) names the loop in ``agent_name`` and carries the game in
+``extra_info`` (``preset``, ``seed``, ``agent_config``, ``max_context_tokens``,
+``reward_placement``); verl hands every column to :meth:`GameAgentLoop.run`. The loop plays one
+episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoopOutput``:
+
+- **Tokens.** ``prompt_ids`` = the episode's first prompt, ``response_ids`` = everything after
+  it, exactly as ``run_episode`` stored it (token-in/token-out, never re-tokenized);
+  ``response_mask`` 1 only on sampled tokens; ``response_logprobs`` the server's log-probs on
+  them and 0.0 elsewhere (``None`` when verl asks for no log-probs). The response ends at the
+  last model token: never with an observation.
+- **Sampling.** One request id for all turns of an episode (verl's sticky session: the episode
+  stays on one server and hits its prefix cache). Temperature, top-p, top-k and ``logprobs``
+  are verl's (``rollout.*``, or ``rollout.val_kwargs.*`` when validating) and never changed per
+  turn, because the actor recomputes log-probs at ``rollout.temperature``; per turn the loop
+  sets only ``max_tokens`` and the end-of-turn ``stop_token_ids``.
+- **Response budget.** verl's tensors are ``rollout.response_length`` wide and count every
+  response token, observations included. The budget is ``min(response_length,
+  max_context_tokens - first prompt)``: each reply may use what is left of it, and the episode
+  ends (like a turn limit) when the next observation plus one reply token would not fit, as
+  verl's ``ToolAgentLoop`` does. So the response always fits and the context never overflows
+  (``run_episode``'s drop-oldest-turns rule never fires; ``history_window`` still applies).
+  A reply cut by ``max_tokens`` is closed by ``run_episode`` with a mask-0 end-of-turn token.
+- **Rewards.** verl trains on the whole ``rm_scores`` tensor (V1: ``token_level_scores =
+  rm_scores``; legacy: ``extract_reward``), so the loop writes it per token: ``"turn"``
+  placement puts each turn's reward on that turn's last model token, ``"last"`` the episode
+  return on the last model token. verl itself only places one scalar on the last token, so:
+  V1 reads them through :meth:`GameAgentLoopOutput.as_dict`; the legacy trainer through
+  :class:`GameAgentLoopWorker` (made by :class:`GameAgentLoopManager`). ``reward_score`` is
+  the sum, so verl's reward loop is skipped and validation scores are episode returns.
+- **Off the event loop.** Building the agent, its first reset (TextWorld may generate the game:
+  ~1-2 s) and the first prompt's tokenization run in a worker thread; members of a group
+  wait for one another there, so a game is made once per process. ``run_episode`` runs slow env
+  steps in threads itself.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import threading
+import uuid
+from collections.abc import Mapping, Sequence
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+import ray
+import torch
+from verl.experimental.agent_loop.agent_loop import (
+    AgentLoopBase,
+    AgentLoopManager,
+    AgentLoopMetrics,
+    AgentLoopOutput,
+    AgentLoopWorker,
+    register,
+)
+from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
+
+from agentrl.agents import (
+    Agent,
+    AgentConfig,
+    GameSpec,
+    TurnResult,
+    agent_presets_from_dict,
+)
+from agentrl.engines import SamplingParams
+from agentrl.models.templates import end_of_turn_ids
+from agentrl.rollout import REWARD_PLACEMENTS, ChatSuffix, Trajectory, run_episode
+
+__all__ = [
+    "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
+    "GameAgentLoopOutput", "GameAgentLoopWorker", "ResponseBudget", "ServerLLM",
+    "episode_output", "kept_turns", "open_episode", "token_rewards", "verl_overrides",
+]
+
+AGENT_NAME = "agentrl_game"
+"""The name rows select the loop by (``agent_name`` column)."""
+TOKEN_REWARDS = "token_rewards"
+"""``extra_fields`` key: one reward per response token (becomes ``rm_scores``)."""
+EPISODE_INFO = "agentrl_episode"
+"""``extra_fields`` key: the episode's outcome and counts, for metrics."""
+TASK_FIELDS = ("preset", "seed", "agent_config", "max_context_tokens", "reward_placement")
+"""What ``extra_info`` must hold (written by :mod:`agentrl.verl.data`)."""
+
+
+def verl_overrides(use_v1: bool) -> list[str]:
+    """The hydra overrides of verl's ``ppo_trainer`` config that run this loop."""
+    overrides = [
+        f"trainer.use_v1={str(bool(use_v1)).lower()}",
+        f"actor_rollout_ref.model.external_lib={__name__}",
+        f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
+    ]
+    if not use_v1:  # V1 requires an AgentLoopManagerTQ there, and needs none
+        overrides.append("+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+                         f"{__name__}.{GameAgentLoopManager.__qualname__}")
+    return overrides
+
+
+# -- the task of one row ---------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class EpisodeTask:
+    """One episode to play, read from a task row's ``extra_info``."""
+
+    preset: str
+    seed: int
+    agent_config: AgentConfig
+    max_context_tokens: int
+    """Prompt + response tokens of the whole episode at most."""
+    reward_placement: str
+    """``"turn"`` or ``"last"`` (see the module docstring)."""
+
+    @classmethod
+    def from_extra_info(cls, extra_info: Any) -> EpisodeTask:
+        """Parse and check ``extra_info``; a bad field raises ValueError naming it."""
+        if not isinstance(extra_info, Mapping):
+            raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
+                f"{AGENT_NAME}: the task row's extra_info must be a mapping with "
+                f"{list(TASK_FIELDS)}, got {type(extra_info).__name__}")
+        missing = [key for key in TASK_FIELDS if extra_info.get(key) is None]
+        if missing:
+            raise ValueError(f"{AGENT_NAME}: extra_info lacks {missing}; it needs "
+                             f"{list(TASK_FIELDS)} (see agentrl.verl.data)")
+        preset = str(extra_info["preset"])
+        seed = _integer(extra_info, "seed", low=0)
+        max_context = _integer(extra_info, "max_context_tokens", low=2)
+        if not isinstance(extra_info["agent_config"], str):
+            raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
+                f"{AGENT_NAME}: extra_info.agent_config must be the JSON text of the preset's "
+                f"AgentConfig fields, got {type(extra_info['agent_config']).__name__}")
+        placement = extra_info["reward_placement"]
+        if placement not in REWARD_PLACEMENTS:
+            raise ValueError(f"{AGENT_NAME}: extra_info.reward_placement={placement!r} is not "
+                             f"allowed; allowed: {list(REWARD_PLACEMENTS)}")
+        config = _agent_config(preset, extra_info["agent_config"])
+        return cls(preset, seed, config, max_context, str(placement))
+
+
+def _integer(extra_info: Mapping, key: str, low: int) -> int:
+    value = extra_info[key]
+    is_integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
+    if not is_integer or value < low:
+        raise ValueError(f"{AGENT_NAME}: extra_info.{key}={value!r} is not allowed; allowed: "
+                         f"an integer >= {low}")
+    return int(value)
+
+
+@lru_cache(maxsize=256)
+def _agent_config(preset: str, agent_config: str) -> AgentConfig:
+    """The preset's AgentConfig from its JSON (``dataclasses.asdict``); cached per text.
+    ``held_out_of`` is dropped: it names another preset, which a row does not carry, and it
+    does not change how an episode is played."""
+    try:
+        fields = json.loads(agent_config)
+    except (TypeError, json.JSONDecodeError) as error:
+        raise ValueError(f"{AGENT_NAME}: extra_info.agent_config of preset {preset!r} is not a "
+                         f"JSON object of AgentConfig fields ({error})") from None
+    if not isinstance(fields, dict):
+        raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
+            f"{AGENT_NAME}: extra_info.agent_config of preset {preset!r} must be a JSON object "
+            f"of AgentConfig fields, got {type(fields).__name__}")
+    fields.pop("held_out_of", None)
+    return agent_presets_from_dict({preset: fields}, source=f"{AGENT_NAME} extra_info.agent_config",
+                                   check_envs=False)[preset]
+
+
+# -- opening an episode off the event loop ---------------------------------------------------------
+_OPENING_LOCKS: dict[tuple, threading.Lock] = {}
+_OPENING_LOCKS_GUARD = threading.Lock()
+MAX_OPENING_LOCKS = 4096
+
+
+def _opening_lock(task: EpisodeTask) -> threading.Lock:
+    """One lock per game: the members of a group open the same game one after another, so
+    the first makes it (TextWorld: generates and compiles it) and the others reuse it."""
+    config = task.agent_config
+    key = (config.game, json.dumps(config.env_kwargs, sort_keys=True, default=str), task.seed)
+    with _OPENING_LOCKS_GUARD:
+        if len(_OPENING_LOCKS) >= MAX_OPENING_LOCKS:
+            _OPENING_LOCKS.clear()  # only loses the sharing of games being opened right now
+        return _OPENING_LOCKS.setdefault(key, threading.Lock())
+
+
+def open_episode(task: EpisodeTask, suffix: ChatSuffix) -> tuple[Agent, list[dict], list[int]]:
+    """Build the agent and reset it on the task's seed (blocking: run it in a thread).
+    Returns the agent, the opening messages and the first prompt's ids."""
+    agent = Agent(task.agent_config)
+    try:
+        with _opening_lock(task):
+            messages = agent.reset(seed=task.seed)
+        return agent, messages, suffix.first_prompt(messages)
+    except BaseException:
+        agent.close()
+        raise
+
+
+# -- the response budget ---------------------------------------------------------------------------
+@dataclasses.dataclass
+class ResponseBudget:
+    """Response tokens an episode may still add: replies, the closing tokens of cut replies
+    and observations all count, as they do in verl's ``response_length``."""
+
+    total: int
+    used: int = 0
+    exhausted: bool = False
+    """The episode was ended because the next turn did not fit."""
+
+    @property
+    def left(self) -> int:
+        return self.total - self.used
+
+
+class BudgetedAgent:
+    """An :class:`Agent` as ``run_episode`` plays it inside verl.
+
+    ``reset`` returns the opening made off the event loop (by :func:`open_episode`), once;
+    ``step`` ends the episode when the next observation and one reply token would not fit
+    ``budget``. ``config``, ``spec`` and ``success`` are the agent's.
+    """
+
+    def __init__(self, agent: Agent, seed: int, opening: list[dict], budget: ResponseBudget,
+                 suffix: ChatSuffix):
+        self.agent = agent
+        self.budget = budget
+        self._seed = seed
+        self._opening: list[dict] | None = opening
+        self._suffix = suffix
+
+    @property
+    def config(self) -> AgentConfig:
+        return self.agent.config
+
+    @property
+    def spec(self) -> GameSpec:
+        return self.agent.spec
+
+    @property
+    def success(self) -> bool:
+        return self.agent.success
+
+    def reset(self, seed: int | None = None) -> list[dict]:
+        if self._opening is None or seed != self._seed:
+            raise RuntimeError(f"BudgetedAgent plays one episode, on seed {self._seed} "
+                               f"(reset(seed={seed!r}) called after it started or on another seed)")
+        opening, self._opening = self._opening, None
+        return opening
+
+    def step(self, response_text: Any) -> TurnResult:
+        result = self.agent.step(response_text)
+        if result.done:
+            return result
+        observation = len(self._suffix(result.messages))
+        if self.budget.used + observation + 1 > self.budget.total:
+            self.budget.exhausted = True
+            return dataclasses.replace(result, done=True, messages=[])
+        self.budget.used += observation
+        return result
+
+
+# -- verl's server manager as run_episode's llm ----------------------------------------------------
+class ServerLLM:
+    """``llm.generate(prompt_ids, sampling)`` over verl's server manager, for one episode.
+
+    Every call uses the episode's ``request_id``. The request's sampling parameters are verl's
+    (``sampling_params`` given to the loop's ``run``) plus, from ``sampling``, only
+    ``max_new_tokens`` (cut to what the budget has left) and ``stop_token_ids``. Records what
+    verl's own loops report from the server: its ``extra_fields`` (weights versions) and
+    preemptions.
+    """
+
+    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any],
+                 budget: ResponseBudget, end_of_turn: Sequence[int], *, request_id: str,
+                 priority: int = 0):
+        self.server_manager = server_manager
+        self.sampling_params = dict(sampling_params)
+        self.budget = budget
+        self.end_of_turn = frozenset(int(t) for t in end_of_turn)
+        self.request_id = request_id
+        self.priority = priority
+        self.server_fields: dict[str, Any] = {}
+        self.num_preempted = -1
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams
+                       ) -> tuple[list[int], list[float]]:
+        max_tokens = min(sampling.max_new_tokens, self.budget.left)
+        if max_tokens < 1:
+            raise RuntimeError(f"request {self.request_id}: no response budget left "
+                               f"({self.budget.used}/{self.budget.total} tokens used)")
+        stop = dict.fromkeys([*(self.sampling_params.get("stop_token_ids") or []),
+                              *sampling.stop_token_ids])
+        params = {**self.sampling_params, "max_tokens": max_tokens, "stop_token_ids": list(stop)}
+        output = await self.server_manager.generate(
+            request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params,
+            priority=self.priority)
+        ids = [int(t) for t in output.token_ids]
+        if not ids:
+            raise RuntimeError(f"request {self.request_id}: the server returned no tokens "
+                               f"(stop_reason={output.stop_reason!r})")
+        logprobs = ([float(x) for x in output.log_probs] if output.log_probs is not None
+                    else [0.0] * len(ids))
+        self._record(output)
+        # what run_episode appends: the reply, and a closing token when the reply was cut
+        self.budget.used += len(ids) + (ids[-1] not in self.end_of_turn)
+        return ids, logprobs
+
+    def _record(self, output: Any) -> None:
+        """Keep the first turn's server fields, the newest weights version and summed
+        speculative-decoding counts (as verl's ToolAgentLoop does)."""
+        fields = dict(output.extra_fields or {})
+        if not self.server_fields:
+            self.server_fields = fields
+        else:
+            if fields.get("max_global_steps") is not None:
+                self.server_fields["max_global_steps"] = fields["max_global_steps"]
+            for key in SPEC_DECODE_EXTRA_KEYS:
+                if key in fields and key in self.server_fields:
+                    self.server_fields[key] = int(self.server_fields[key]) + int(fields[key])
+        if output.num_preempted is not None:
+            self.num_preempted = max(self.num_preempted, 0) + int(output.num_preempted)
+
+
+# -- verl's output record --------------------------------------------------------------------------
+class GameAgentLoopOutput(AgentLoopOutput):
+    """verl's ``AgentLoopOutput`` whose ``rm_scores`` carry per-token rewards in the V1 trainer
+    (``AgentLoopWorkerTQ`` stores ``as_dict()``; verl's own puts ``reward_score`` on the last
+    token only)."""
+
+    def as_dict(self) -> dict[str, Any]:
+        output = super().as_dict()
+        output["rm_scores"] = torch.tensor(self.extra_fields[TOKEN_REWARDS], dtype=torch.float32)
+        return output
+
+
+def kept_turns(trajectory: Trajectory, length: int) -> list[tuple[int, float]]:
+    """(last model token, reward) of the turns that end within ``response_ids[:length]``."""
+    return [(end, reward) for end, reward in
+            zip(trajectory.turn_end_positions, trajectory.turn_rewards) if end < length]
+
+
+def token_rewards(trajectory: Trajectory, length: int, placement: str) -> list[float]:
+    """One reward per response token of ``trajectory.response_ids[:length]``: ``"turn"`` puts
+    each turn's reward on its last model token, ``"last"`` their sum on the last model token.
+    Turns whose last token lies beyond ``length`` count for nothing."""
+    rewards = [0.0] * length
+    kept = kept_turns(trajectory, length)
+    if placement == "turn":
+        for end, reward in kept:
+            rewards[end] += reward
+    elif placement == "last":
+        if kept:
+            rewards[kept[-1][0]] = sum(reward for _, reward in kept)
+    else:
+        raise ValueError(f"unknown reward placement {placement!r}; allowed: {REWARD_PLACEMENTS}")
+    return rewards
+
+
+def episode_output(trajectory: Trajectory, *, response_length: int, reward_placement: str,
+                   with_logprobs: bool, server_fields: Mapping[str, Any] | None = None,
+                   num_preempted: int = -1, budget_exhausted: bool = False
+                   ) -> GameAgentLoopOutput:
+    """verl's output record of one episode (see the module docstring).
+
+    The response is cut after the last model token (no trailing observation, no closing token
+    of a cut final reply) and to ``response_length``.
+    """
+    end = min(response_length, trajectory.turn_end_positions[-1] + 1)
+    rewards = token_rewards(trajectory, end, reward_placement)
+    info = {
+        "preset": trajectory.preset, "seed": trajectory.seed, "success": float(trajectory.success),
+        "episode_return": trajectory.episode_return, "num_turns": float(trajectory.num_turns),
+        "response_budget_exhausted": float(budget_exhausted), **trajectory.metrics,
+    }
+    return GameAgentLoopOutput(
+        prompt_ids=list(trajectory.prompt_ids),
+        response_ids=list(trajectory.response_ids[:end]),
+        response_mask=list(trajectory.response_mask[:end]),
+        response_logprobs=list(trajectory.response_logprobs[:end]) if with_logprobs else None,
+        reward_score=float(sum(rewards)),
+        num_turns=2 * trajectory.num_turns,  # opening + replies + observations between them
+        metrics=AgentLoopMetrics(generate_sequences=trajectory.timings.get("generate_s", 0.0),
+                                 tool_calls=trajectory.timings.get("env_s", 0.0),
+                                 num_preempted=num_preempted),
+        extra_fields={**(server_fields or {}), TOKEN_REWARDS: rewards,
+                      "turn_scores": [reward for _, reward in kept_turns(trajectory, end)],
+                      "tool_rewards": [], EPISODE_INFO: info},
+    )
+
+
+# -- the loop --------------------------------------------------------------------------------------
+@register(AGENT_NAME)
+class GameAgentLoop(AgentLoopBase):
+    """Plays one game episode per trajectory (verl makes a new instance for each)."""
+
+    async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
+                  ) -> GameAgentLoopOutput:
+        task = EpisodeTask.from_extra_info(kwargs.get("extra_info"))
+        rollout = self.rollout_config
+        suffix = ChatSuffix(self.tokenizer)
+        agent, opening, prompt_ids = await asyncio.to_thread(open_episode, task, suffix)
+        try:
+            budget = ResponseBudget(self._response_budget(task, len(prompt_ids)))
+            deterministic = bool(getattr(rollout, "full_determinism", False))
+            llm = ServerLLM(self.server_manager, sampling_params, budget,
+                            end_of_turn_ids(self.tokenizer),
+                            request_id=f"det-{priority}" if deterministic else uuid.uuid4().hex,
+                            priority=int(priority))
+            max_new = task.agent_config.max_response_tokens
+            trajectory = await run_episode(
+                BudgetedAgent(agent, task.seed, opening, budget, suffix), task.seed, llm,
+                self.tokenizer, SamplingParams(max_new_tokens=max_new),
+                # room for the whole budget: the budget, not a dropped turn, ends the episode
+                max_context_tokens=len(prompt_ids) + budget.total + max_new,
+                preset=task.preset, suffix=suffix)
+        finally:
+            agent.close()
+        if len(trajectory.response_ids) != budget.used:
+            raise RuntimeError(f"{AGENT_NAME}: the episode's response has "
+                               f"{len(trajectory.response_ids)} tokens but its budget counted "
+                               f"{budget.used}; run_episode's token rules changed")
+        return episode_output(
+            trajectory, response_length=rollout.response_length,
+            reward_placement=task.reward_placement,
+            with_logprobs=bool(sampling_params.get("logprobs")), server_fields=llm.server_fields,
+            num_preempted=llm.num_preempted, budget_exhausted=budget.exhausted)
+
+    def _response_budget(self, task: EpisodeTask, prompt_tokens: int) -> int:
+        """min(response_length, max_context_tokens - first prompt); the first prompt must fit
+        ``rollout.prompt_length`` (verl pads to it and never cuts an episode's prompt)."""
+        rollout = self.rollout_config
+        where = f"{AGENT_NAME}: preset {task.preset!r} seed {task.seed}"
+        if prompt_tokens > rollout.prompt_length:
+            raise ValueError(f"{where}: the first prompt has {prompt_tokens} tokens > "
+                             f"rollout.prompt_length={rollout.prompt_length} "
+                             "(data.max_prompt_length); raise it")
+        budget = min(rollout.response_length, task.max_context_tokens - prompt_tokens)
+        if budget < 1:
+            raise ValueError(f"{where}: the first prompt has {prompt_tokens} tokens, which "
+                             f"leaves no room in extra_info.max_context_tokens="
+                             f"{task.max_context_tokens}")
+        return budget
+
+
+# -- the legacy trainer's rm_scores ----------------------------------------------------------------
+class GameAgentLoopWorker(AgentLoopWorker):
+    """verl's ``AgentLoopWorker`` for the legacy trainer, with the per-token rewards of our
+    trajectories as their ``rm_scores`` rows (verl's own puts ``reward_score`` on the last
+    token). Rows of other loops keep verl's."""
+
+    def _postprocess(self, inputs, input_non_tensor_batch=None, validate=False):
+        output = super()._postprocess(inputs, input_non_tensor_batch=input_non_tensor_batch,
+                                      validate=validate)
+        rows = output.non_tensor_batch.get(TOKEN_REWARDS)
+        if rows is None or all(row is None for row in rows):
+            return output
+        mask = output.batch["response_mask"]
+        has_scores = "rm_scores" in output.batch.keys()  # noqa: SIM118 - a TensorDict
+        scores = (output.batch["rm_scores"] if has_scores
+                  else torch.zeros_like(mask, dtype=torch.float32))
+        for index, rewards in enumerate(rows):
+            if rewards is not None:
+                scores[index] = 0.0
+                scores[index, :len(rewards)] = torch.tensor(rewards, dtype=torch.float32)
+        output.batch["rm_scores"] = scores
+        output.meta_info.setdefault("reward_extra_keys", [])
+        return output
+
+
+class GameAgentLoopManager(AgentLoopManager):
+    """verl's ``AgentLoopManager`` running :class:`GameAgentLoopWorker` (legacy trainer; set by
+    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class``)."""
+
+    def __init__(self, *args, **kwargs):
+        self.agent_loop_workers_class = ray.remote(GameAgentLoopWorker)
+        super().__init__(*args, **kwargs)

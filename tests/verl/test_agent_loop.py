@@ -1,0 +1,389 @@
+"""The AgentLoop ``agentrl_game`` driven by verl's own workers (legacy ``AgentLoopWorker`` and V1
+``AgentLoopWorkerTQ``) with a fake server manager: the padded batch verl builds holds our tokens,
+masks, log-probs and per-turn rewards, and verl's GAE over it gives the returns worked out by hand.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import threading
+from typing import Any
+
+import pytest
+import torch
+from verl_fakes import (
+    ORACLE,
+    FakeServerManager,
+    dataset_batch,
+    fake_transfer_queue,
+    legacy_batch,
+    play_script,
+    task_row,
+    v1_batch,
+    verl_config,
+)
+
+from agentrl.agents import Agent, load_agent_presets
+from agentrl.models import end_of_turn_ids
+from agentrl.verl import agent_loop
+from agentrl.verl.agent_loop import AGENT_NAME, EpisodeTask, GameAgentLoopWorker
+
+MODES = ("legacy", "v1")
+TEMPERATURE = 0.7
+PROMPT_LENGTH = 1024
+RESPONSE_LENGTH = 768
+
+
+@dataclasses.dataclass
+class Sample:
+    """One row of verl's padded batch, cut back to its real tokens."""
+
+    prompt: list[int]
+    response: list[int]
+    mask: list[int]
+    logprobs: list[float]
+    rm_scores: list[float]
+
+
+@dataclasses.dataclass
+class Rollout:
+    samples: list[Sample]
+    padded: dict[str, torch.Tensor]
+    """``responses``, ``response_mask``, ``rm_scores`` (and the rest) as verl pads them."""
+    non_tensor: dict | None
+    """The legacy batch's non-tensor columns (None for V1)."""
+    config: Any
+    """verl's composed config."""
+
+
+@pytest.fixture(scope="module")
+def tokenizer(model_dir):
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(model_dir)  # what verl's workers load
+
+
+@pytest.fixture(scope="module")
+def presets():
+    return load_agent_presets()
+
+
+def one_action_per_turn(presets, name: str, **changes):
+    """A preset playing one action a turn, so the oracle needs several turns."""
+    return dataclasses.replace(presets[name], max_actions_per_turn=1, max_response_tokens=64,
+                               **changes)
+
+
+@pytest.fixture(scope="module")
+def fake(tokenizer):
+    """The server manager every worker of this module talks to (reloaded per rollout)."""
+    return FakeServerManager(tokenizer)
+
+
+@pytest.fixture(scope="module")
+def workers(model_dir, fake):
+    """verl's worker for (mode, n, prompt_length, response_length), made once: legacy
+    ``GameAgentLoopWorker`` (what ``GameAgentLoopManager`` runs), V1 ``AgentLoopWorkerTQ``
+    on a fake TransferQueue. Returns ``get(...) -> (worker, config, queue)``."""
+    made = {}
+    with fake_transfer_queue() as queue:
+        def get(mode: str, n: int, prompt_length: int, response_length: int):
+            key = (mode, n, prompt_length, response_length)
+            if key not in made:
+                config = verl_config(model_dir, use_v1=mode == "v1", prompt_length=prompt_length,
+                                     response_length=response_length, n=n,
+                                     temperature=TEMPERATURE)
+                if mode == "legacy":
+                    worker = GameAgentLoopWorker(config, fake, None, None)
+                else:
+                    from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+
+                    worker = AgentLoopWorkerTQ.__ray_actor_class__(config, fake, None, None)
+                made[key] = worker, config
+            return (*made[key], queue)
+
+        yield get
+
+
+def rollout(workers, fake, mode: str, tmp_path, games, *, n: int = 2,
+            response_length: int = RESPONSE_LENGTH, prompt_length: int = PROMPT_LENGTH,
+            reward_placement: str = "turn", max_context_tokens: int = 4096) -> Rollout:
+    """One task row per game, n samples each, through verl's worker of ``mode``."""
+    worker, config, queue = workers(mode, n, prompt_length, response_length)
+    fake.load(games)
+    rows = [task_row(game, index, max_context_tokens=max_context_tokens,
+                     reward_placement=reward_placement) for index, game in enumerate(games)]
+    batch = dataset_batch(rows, tmp_path, worker.tokenizer, config)
+    if mode == "legacy":
+        output = asyncio.run(legacy_batch(worker, batch, n))
+        return Rollout(legacy_samples(output.batch), dict(output.batch.items()),
+                       output.non_tensor_batch, config)
+    keys, padded = asyncio.run(v1_batch(queue, worker, batch))
+    lengths = [(queue.tags[key]["prompt_len"], queue.tags[key]["response_len"]) for key in keys]
+    return Rollout(v1_samples(padded, lengths), dict(padded.items()), None, config)
+
+
+def legacy_samples(batch) -> list[Sample]:
+    """Legacy rows: prompts left-padded to prompt_length, responses right-padded."""
+    prompt_width = batch["prompts"].shape[1]
+    samples = []
+    for row in range(batch["prompts"].shape[0]):
+        attention = batch["attention_mask"][row]
+        prompt_real = attention[:prompt_width].bool()
+        length = int(attention[prompt_width:].sum())
+        assert attention[prompt_width:prompt_width + length].all(), "response padding inside"
+        samples.append(Sample(
+            batch["prompts"][row][prompt_real].tolist(), batch["responses"][row][:length].tolist(),
+            batch["response_mask"][row][:length].tolist(),
+            batch["rollout_log_probs"][row][:length].tolist(),
+            batch["rm_scores"][row][:length].tolist()))
+        for key in ("response_mask", "rm_scores", "rollout_log_probs"):
+            assert not batch[key][row][length:].any(), f"{key} is not 0 on padding"
+    return samples
+
+
+def v1_samples(padded, lengths) -> list[Sample]:
+    """V1 rows: nested per sample, padded on the right by ``to_padded_tensor``."""
+    samples = []
+    for row, (prompt_len, length) in enumerate(lengths):
+        samples.append(Sample(
+            padded["prompts"][row][:prompt_len].tolist(),
+            padded["responses"][row][:length].tolist(),
+            padded["response_mask"][row][:length].tolist(),
+            padded["rollout_log_probs"][row][:length].tolist(),
+            padded["rm_scores"][row][:length].tolist()))
+        for key in ("response_mask", "rm_scores"):
+            assert not padded[key][row][length:].any(), f"{key} is not 0 on padding"
+    return samples
+
+
+def episode_of(sample: Sample, fake: FakeServerManager) -> list:
+    """The server calls that made ``sample``: its model log-probs are theirs (they are unique)."""
+    model_logprobs = [lp for lp, m in zip(sample.logprobs, sample.mask) if m]
+    matches = [calls for calls in fake.episodes().values()
+               if model_logprobs == pytest.approx([lp for call in calls for lp in call.log_probs],
+                                                  abs=1e-6)]  # float32 in verl's batch
+    assert len(matches) == 1, "no single request made this sample"
+    return matches[0]
+
+
+def check_sample(sample: Sample, games, fake, tokenizer) -> None:
+    """Tokens, mask, log-probs and rewards of ``sample`` against its scripted game and the
+    server calls of its request."""
+    game = next(g for g in games if g.prompt_ids == sample.prompt)
+    calls = episode_of(sample, fake)
+    assert len(calls) == len(game.replies) == len(game.rewards)
+    eos = end_of_turn_ids(tokenizer)[0]
+    expected, mask, logprobs, rewards = [], [], [], []
+    for turn, call in enumerate(calls):
+        # the same request id carries the episode: each turn's prompt is the last one + reply + obs
+        assert call.prompt_ids == game.prompt_ids + expected
+        assert call.token_ids[-1] == eos and call.sampling_params["temperature"] == TEMPERATURE
+        assert call.sampling_params["logprobs"] and eos in call.sampling_params["stop_token_ids"]
+        assert call.sampling_params["max_tokens"] <= game.config.max_response_tokens
+        expected += call.token_ids
+        mask += [1] * len(call.token_ids)
+        logprobs += call.log_probs
+        rewards += [0.0] * (len(call.token_ids) - 1) + [game.rewards[turn]]
+        if turn < len(calls) - 1:
+            observation = game.observations[turn]
+            expected += observation
+            mask += [0] * len(observation)
+            logprobs += [0.0] * len(observation)
+            rewards += [0.0] * len(observation)
+    assert sample.response == expected  # ends with the last reply: no trailing observation
+    assert sample.mask == mask
+    assert sample.logprobs == pytest.approx(logprobs)
+    assert sample.rm_scores == pytest.approx(rewards)
+
+
+# -- the batch -------------------------------------------------------------------------------------
+GAMES = {
+    "sokoban": ("simpleSokobanAgent", (1, 2)),  # 3 turns: bad format, then 2 oracle moves
+    "textworld": ("textworldEasyAgent", (1,)),  # 3 turns: bad format, 2 walkthrough commands
+}
+
+
+@pytest.mark.parametrize("game_name",
+                         ["sokoban", pytest.param("textworld", marks=pytest.mark.slow)])
+@pytest.mark.parametrize("mode", MODES)
+def test_batch_holds_our_tokens_masks_logprobs_and_turn_rewards(mode, game_name, workers, fake,
+                                                                tmp_path, tokenizer, presets):
+    preset, seeds = GAMES[game_name]
+    config = one_action_per_turn(presets, preset)
+    games = [play_script(tokenizer, preset, config, seed, ["no format", ORACLE, ORACLE, ORACLE])
+             for seed in seeds]
+    assert all(len(game.rewards) >= 2 for game in games)
+    result = rollout(workers, fake, mode, tmp_path, games, n=2)
+    assert len(result.samples) == 2 * len(games)
+    assert len(fake.episodes()) == len(result.samples)  # one request id per episode
+    for sample in result.samples:
+        check_sample(sample, games, fake, tokenizer)
+    for game in games:  # the n samples of a row play its game
+        assert sum(sample.prompt == game.prompt_ids for sample in result.samples) == 2
+    assert result.padded["responses"].shape[0] == len(result.samples)
+    if mode == "legacy":
+        assert result.padded["responses"].shape[1] == RESPONSE_LENGTH
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_last_placement_puts_the_return_on_the_last_model_token(mode, workers, fake, tmp_path,
+                                                                tokenizer, presets):
+    config = one_action_per_turn(presets, "simpleSokobanAgent")
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    result = rollout(workers, fake, mode, tmp_path, [game], n=1, reward_placement="last")
+    (sample,) = result.samples
+    last_model_token = max(i for i, m in enumerate(sample.mask) if m)
+    assert last_model_token == len(sample.response) - 1
+    expected = [0.0] * len(sample.response)
+    expected[last_model_token] = sum(game.rewards)
+    assert sample.rm_scores == pytest.approx(expected)
+
+
+# -- the response budget and cut replies -----------------------------------------------------------
+def test_budget_ends_the_episode_before_an_observation_overflows(workers, fake, tmp_path,
+                                                                  tokenizer, presets):
+    config = one_action_per_turn(presets, "simpleSokobanAgent")
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 0, ["no format"] + [ORACLE] * 4)
+    assert len(game.rewards) == 5
+    replies = [len(tokenizer.encode(text, add_special_tokens=False)) + 1 for text in game.replies]
+    # room for two turns and their observations, then 5 tokens of the third reply
+    budget = replies[0] + len(game.observations[0]) + replies[1] + len(game.observations[1]) + 5
+    result = rollout(workers, fake, "legacy", tmp_path, [game], n=1, response_length=budget)
+    (sample,) = result.samples
+    calls = fake.calls
+    assert len(calls) == 3
+    for call in calls:  # every request leaves room in the budget for what it may return
+        assert len(call.prompt_ids) - len(game.prompt_ids) + call.sampling_params["max_tokens"] \
+            <= budget
+    assert calls[2].sampling_params["max_tokens"] == 5 and len(calls[2].token_ids) == 5
+    assert len(sample.response) == budget and sample.mask[-1] == 1  # no closing token, no obs
+    turn_ends = [replies[0] - 1, replies[0] + len(game.observations[0]) + replies[1] - 1,
+                 budget - 1]
+    expected = [0.0] * budget
+    expected[turn_ends[0]], expected[turn_ends[1]] = game.rewards[0], game.rewards[1]
+    expected[turn_ends[2]] = config.format_penalty  # the cut reply has no </answer>
+    assert sample.rm_scores == pytest.approx(expected)
+    (info,) = result.non_tensor["agentrl_episode"]
+    assert info["response_budget_exhausted"] == 1.0 and info["num_turns"] == 3
+
+
+def test_a_cut_reply_is_closed_by_a_mask_0_token(workers, fake, tmp_path, tokenizer, presets):
+    config = dataclasses.replace(presets["simpleSokobanAgent"], max_turns=2, max_response_tokens=8)
+    long_reply = "I think about this room for a long while before I answer. " * 3
+    cut_text = tokenizer.decode(tokenizer.encode(long_reply, add_special_tokens=False)[:8],
+                                skip_special_tokens=True)
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 0, [cut_text, "no format"])
+    sent = dataclasses.replace(game, replies=[long_reply, "no format"])  # what the server says
+    result = rollout(workers, fake, "legacy", tmp_path, [sent], n=1)
+    (sample,) = result.samples
+    eos = end_of_turn_ids(tokenizer)[0]
+    first = fake.calls[0].token_ids
+    assert len(first) == 8 and eos not in first
+    assert sample.response[:9] == first + [eos] and sample.mask[:9] == [1] * 8 + [0]
+    assert sample.logprobs[8] == 0.0
+    assert sample.response[9:9 + len(game.observations[0])] == game.observations[0]
+    assert sample.rm_scores[7] == pytest.approx(config.format_penalty)  # on the last sampled token
+    assert sample.rm_scores[8] == 0.0
+
+
+# -- GAE over verl's batch -------------------------------------------------------------------------
+@pytest.mark.parametrize("mode", MODES)
+def test_gae_over_the_batch_gives_the_returns_worked_out_by_hand(mode, workers, fake, tmp_path,
+                                                                 tokenizer, presets):
+    from verl import DataProto
+    from verl.trainer.ppo.core_algos import AdvantageEstimator
+    from verl.trainer.ppo.ray_trainer import compute_advantage
+
+    config = one_action_per_turn(presets, "simpleSokobanAgent")
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 1, [ORACLE, ORACLE])
+    assert len(game.rewards) == 2
+    r1, r2 = game.rewards
+    result = rollout(workers, fake, mode, tmp_path, [game], n=1)
+    mask = result.padded["response_mask"]
+    value, lam = 0.25, 0.9
+    values = torch.where(mask.bool(), torch.tensor(value), torch.tensor(9.0))  # 9: must be ignored
+    data = DataProto.from_dict(tensors={
+        "response_mask": mask, "values": values, "token_level_rewards": result.padded["rm_scores"]})
+    returns = compute_advantage(data, adv_estimator=AdvantageEstimator.GAE, gamma=1.0, lam=lam,
+                                config=result.config.algorithm).batch["returns"][0]
+    # Model tokens t = 1..N (turn 1: 1..n1); gamma = 1, V = v on every model token. GAE skips
+    # the observation, so delta = r1 at t = n1, r2 - v at t = N, 0 elsewhere, and
+    # return_t = v + lam^(n1-t) r1 [t <= n1] + lam^(N-t) (r2 - v). (lam = 1: r1 + r2, then r2.)
+    n1, n2 = (len(call.token_ids) for call in fake.calls)
+    n = n1 + n2
+    by_hand = [value + (lam ** (n1 - t) * r1 if t <= n1 else 0.0) + lam ** (n - t) * (r2 - value)
+               for t in range(1, n + 1)]
+    assert returns[mask[0].bool()].tolist() == pytest.approx(by_hand, abs=1e-5)
+
+
+# -- off the event loop, the task row, the launch overrides ----------------------------------------
+def test_agent_is_built_and_reset_off_the_event_loop(workers, fake, tmp_path, tokenizer,
+                                                     presets, monkeypatch):
+    threads = []
+
+    class RecordingAgent(Agent):
+        def __init__(self, config):
+            threads.append(threading.get_ident())
+            super().__init__(config)
+
+        def reset(self, seed=None):
+            threads.append(threading.get_ident())
+            return super().reset(seed=seed)
+
+    monkeypatch.setattr(agent_loop, "Agent", RecordingAgent)
+    config = one_action_per_turn(presets, "simpleSokobanAgent")
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    rollout(workers, fake, "legacy", tmp_path, [game], n=2)
+    assert len(threads) == 4 and threading.get_ident() not in threads
+
+
+def test_a_first_prompt_longer_than_prompt_length_fails_clearly(workers, fake, tmp_path,
+                                                                tokenizer, presets):
+    config = one_action_per_turn(presets, "simpleSokobanAgent")
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    with pytest.raises(ValueError, match="rollout.prompt_length=64"):
+        rollout(workers, fake, "legacy", tmp_path, [game], n=1, prompt_length=64)
+
+
+def test_task_fields_are_checked_by_name(tokenizer, presets):
+    config = one_action_per_turn(presets, "simpleSokobanAgent")
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    good = task_row(game, 0, max_context_tokens=4096)["extra_info"]
+    task = EpisodeTask.from_extra_info(good)
+    assert (task.preset, task.seed, task.agent_config) == ("simpleSokobanAgent", 2, config)
+    for change, message in [
+        ({"seed": None}, r"lacks \['seed'\]"),
+        ({"seed": "2"}, "extra_info.seed='2'"),
+        ({"reward_placement": "first"}, "reward_placement='first'.*allowed: \\['turn', 'last'\\]"),
+        ({"agent_config": "{not json"}, "agent_config of preset 'simpleSokobanAgent'"),
+        ({"agent_config": '{"game": "Sokoban", "max_turnz": 3}'}, "unknown key.*max_turnz"),
+        ({"max_context_tokens": 1}, "max_context_tokens=1"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            EpisodeTask.from_extra_info({**good, **change})
+    with pytest.raises(ValueError, match="extra_info must be a mapping"):
+        EpisodeTask.from_extra_info(None)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_overrides_select_our_loop_and_legacy_manager(mode, model_dir):
+    import hydra
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+    from verl.utils.import_utils import load_class_from_fqn
+
+    config = verl_config(model_dir, use_v1=mode == "v1", prompt_length=PROMPT_LENGTH,
+                         response_length=RESPONSE_LENGTH, n=1)
+    assert config.trainer.use_v1 is (mode == "v1")
+    assert config.actor_rollout_ref.model.external_lib == agent_loop.__name__
+    assert hydra.utils.get_class(_agent_loop_registry[AGENT_NAME]["_target_"]) \
+        is agent_loop.GameAgentLoop
+    manager = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
+    if mode == "v1":
+        assert manager is None  # V1 wants an AgentLoopManagerTQ there, and needs none
+    else:
+        manager_class = load_class_from_fqn(manager, "AgentLoopManager")
+        assert manager_class is agent_loop.GameAgentLoopManager
+        workers = manager_class(config, None).agent_loop_workers_class
+        assert workers.__ray_actor_class__ is GameAgentLoopWorker
