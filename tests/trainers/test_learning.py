@@ -13,52 +13,20 @@ from __future__ import annotations
 import os
 
 import pytest
-import torch
-
-from agentrl.agents import Agent, agent_presets_from_dict
 from agentrl.config import build_config, compose_config
 from agentrl.models import load_model
-from agentrl.rollout.episode import first_prompt_ids
 from agentrl.trainers import ppo
 from agentrl.trainers.local import LocalTrainer
+from agentrl.trainers.sanity import first_token_bandit, likely_arms
 from agentrl.trainers.tracking import read_metrics
 
 ARMS = 4
 STEPS = 15
 
 
-def bandit_preset(arms: list[str], golden: str) -> dict:
-    return {"game": "Bandit", "env_kwargs": {"arms": arms, "golden_arm": golden},
-            "answer_format": "plain", "enable_think": False, "max_turns": 1,
-            "max_actions_per_turn": 1, "max_actions_all_turns": 1, "max_response_tokens": 1}
-
-
-def likely_arms(model, tokenizer) -> list[str]:
-    """The model's most likely first tokens, as arm names, at a fixed point: listing them as
-    arms in the prompt leaves them the most likely (checked)."""
-    arms = [f"arm{i}" for i in range(ARMS)]
-    for _ in range(5):
-        config = agent_presets_from_dict({"x": bandit_preset(arms, arms[-1])})["x"]
-        with Agent(config) as agent:
-            ids = first_prompt_ids(tokenizer, agent.reset(seed=0))
-        with torch.no_grad():
-            logits = model(torch.tensor([ids])).logits[0, -1]
-        texts = []
-        for token in logits.argsort(descending=True).tolist():
-            text = " ".join(tokenizer.decode([token]).split())
-            if text and "|" not in text and text.lower() not in {t.lower() for t in texts}:
-                texts.append(text)
-            if len(texts) == ARMS:
-                break
-        if texts == arms:
-            return arms
-        arms = texts
-    raise AssertionError(f"no fixed point of the tiny model's top tokens: {arms}")
-
-
 def bandit_run(tmp_path, arms: list[str], steps: int):
     base = compose_config(["model=tiny"]).to_dict()
-    base["agents"] = {"bandit": bandit_preset(arms, arms[-1])}
+    base["agents"] = {"bandit": first_token_bandit(arms)}
     base.update(run_dir=str(tmp_path / "run"), seed=1, threads=1)
     base["train"].update(presets=["bandit"], group_num=4, group_size=4, total_steps=steps)
     base["val"].update(presets=["bandit"], group_num=4, group_size=1, test_freq=steps,
@@ -81,7 +49,7 @@ def test_ppo_learns_the_paying_arm(tmp_path, monkeypatch, one_torch_thread):
 
         monkeypatch.setattr(ppo, "compute_advantages", flipped)
     model, tokenizer = load_model("tiny")
-    arms = likely_arms(model, tokenizer)
+    arms = likely_arms(model, tokenizer, ARMS)
     trainer = LocalTrainer(bandit_run(tmp_path, arms, steps=STEPS))
     try:
         result = trainer.fit()
