@@ -4,6 +4,8 @@
 #   bash quick_train.sh                         # CPU: the embedded SmolLM2-135M, a few steps
 #   bash quick_train.sh 0 4 4 2 1 "[simpleSokobanAgent]" "[largeSokobanAgent]" 1 agentrl sokoban embedded 20
 #   bash quick_train.sh 0 2 2 1 1 "[banditAgent]" "[banditAgent]" 1 agentrl smoke tiny 2 trainer.logger=[console]
+#   bash quick_train.sh 8 "" "" "" "" "" "" 8 agentrl quick-gpu qwen_3b    # 8 GPUs: verl, A100 sizes
+#   bash quick_train.sh --dry-run 16 "" "" "" "" "" "" 8                   # 2 nodes: what would run
 #
 # Positional arguments (each has a default; give them in this order, "" keeps a default):
 #    1 GPUS              GPUs to use (default: 0 on a machine without CUDA, else 1)
@@ -16,59 +18,40 @@
 #    8 GPUS_PER_NODE     GPUs per node (multi-node runs)                       (default: GPUS)
 #    9 PROJECT           WandB project, and runs/<project>/                    (default agentrl)
 #   10 EXPERIMENT        run name, and runs/<project>/<experiment>/            (default quick)
-#   11 MODEL             a preset of configs/model/ (embedded, tiny) or a model folder / hub id
-#                                                                             (default embedded)
+#   11 MODEL             a preset of configs/model/ (embedded, tiny, qwen_halfb, qwen_3b, qwen_7b)
+#                        or a model folder / hub id                            (default embedded)
 #   12 TOTAL_STEPS       training steps                                        (default 4 on CPU)
+# On the verl backend, 2-4 and 12 default to the hardware preset's values, 11 to qwen_halfb.
 # Anything after them is a hydra key=value override of configs/base.yaml, passed through.
+# `--dry-run` (anywhere): print the verl config and command this would run, validated, and stop.
 #
-# Set-up (env_setup.sh, idempotent) runs first. On a machine without a GPU this trains on the
-# CPU preset (configs/hardware/cpu.yaml) and prints where the checkpoint, metrics and plot are.
-# Running the same command again resumes the run from its newest checkpoint.
+# Set-up (env_setup.sh, idempotent; --gpu where nvidia-smi sees a GPU) runs first. Then:
+# - GPUS=0: the local engine on the CPU preset (configs/hardware/cpu.yaml), the defaults above;
+# - GPUS>0 with verl and vLLM installed: verl (FSDP + vLLM + Ray) on the GPU's hardware preset
+#   (a100, h100, l40; HARDWARE=... chooses), verl.n_gpus_per_node=GPUS_PER_NODE and
+#   verl.nnodes=GPUS/GPUS_PER_NODE; group sizes and steps default to the preset's (8 x 16 on
+#   A100s), the model to qwen_halfb (Qwen2.5-0.5B-Instruct). Several nodes: docs/HARDWARE.md;
+# - GPUS=1 without vLLM: the local engine on that GPU.
+# It prints where the checkpoints, metrics and plot are. Running the same command again resumes
+# the run from its newest checkpoint. Argument handling: scripts/positional_args.sh.
 set -euo pipefail
 cd "$(dirname "$0")"
+source scripts/positional_args.sh
+setup_environment
 
-has_cuda() { python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
+if has_cuda; then DEFAULT_GPUS=1; else DEFAULT_GPUS=0; fi
+DEFAULT_TRAIN_PRESETS="[quickSokobanAgent]"
+DEFAULT_VAL_PRESETS="[quickSokobanAgent]"
+DEFAULT_PROJECT=agentrl
+DEFAULT_EXPERIMENT=quick
 
-bash env_setup.sh
-
-if has_cuda; then default_gpus=1; else default_gpus=0; fi
-GPUS=${1:-$default_gpus}
-GROUP_NUM=${2:-2}
-GROUP_SIZE=${3:-4}
-VAL_GROUP_NUM=${4:-2}
-VAL_GROUP_SIZE=${5:-1}
-TRAIN_PRESETS=${6:-[quickSokobanAgent]}
-VAL_PRESETS=${7:-[quickSokobanAgent]}
-GPUS_PER_NODE=${8:-$GPUS}
-PROJECT=${9:-agentrl}
-EXPERIMENT=${10:-quick}
-MODEL=${11:-embedded}
-TOTAL_STEPS=${12:-4}
-shift $(( $# < 12 ? $# : 12 ))
-
-for name in GPUS GROUP_NUM GROUP_SIZE VAL_GROUP_NUM VAL_GROUP_SIZE GPUS_PER_NODE TOTAL_STEPS; do
-  if ! [[ ${!name} =~ ^[0-9]+$ ]]; then
-    echo "quick_train.sh: $name must be a whole number, got '${!name}'" >&2
-    exit 2
+backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own sizes for verl
+  if [[ $1 == local ]]; then
+    DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=2 DEFAULT_VAL_GROUP_SIZE=1
+    DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=4
+  else
+    DEFAULT_MODEL=qwen_halfb
   fi
-done
+}
 
-if [[ -f configs/model/$MODEL.yaml ]]; then model_override="model=$MODEL"; else model_override="model.name=$MODEL"; fi
-
-if (( GPUS == 0 )); then
-  hardware=(hardware=cpu)
-elif (( GPUS == 1 )) && has_cuda; then
-  hardware=(hardware=cpu device=cuda)  # the local engine on one GPU
-else
-  echo "quick_train.sh: GPUS=$GPUS needs the verl backend, which this version does not ship;" \
-       "use GPUS=0 (CPU) or GPUS=1 (one CUDA GPU, local engine)" >&2
-  exit 2
-fi
-: "$GPUS_PER_NODE"  # read by the multi-GPU backend
-
-exec python -m agentrl.cli train "${hardware[@]}" "$model_override" \
-  train.group_num="$GROUP_NUM" train.group_size="$GROUP_SIZE" \
-  val.group_num="$VAL_GROUP_NUM" val.group_size="$VAL_GROUP_SIZE" \
-  "train.presets=$TRAIN_PRESETS" "val.presets=$VAL_PRESETS" \
-  project="$PROJECT" experiment="$EXPERIMENT" train.total_steps="$TOTAL_STEPS" \
-  "$@"
+train_from_positional_args "$@"

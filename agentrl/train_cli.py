@@ -4,10 +4,14 @@
     agentrl train model=tiny train.total_steps=2 experiment=smoke
     agentrl train 'train.presets=[tetrisType1Agent]' actor.lr=2e-5 resume=never
     agentrl train --print-config hardware=cpu              # the resolved config, nothing runs
+    agentrl train hardware=a100 model=qwen_3b              # the verl backend (multi-GPU, vLLM)
+    agentrl train --dry-run hardware=a100 model=qwen_7b    # verl's config and command, validated
 
 Keys and defaults: configs/base.yaml (every key documented there). The run writes its
 checkpoints, metrics.jsonl, WandB files and learning_curves.png under `run_dir`
 (default runs/<project>/<experiment>); running the same command again resumes it.
+`backend=verl` (the GPU hardware presets set it) hands the run to verl's own trainer:
+see agentrl/verl/launch.py and docs/HARDWARE.md.
 """
 
 from __future__ import annotations
@@ -25,16 +29,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="hydra overrides of configs/base.yaml (e.g. train.total_steps=4)")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved, validated config and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="backend=verl: print verl's config and the command, validated by "
+                             "verl, and exit (no Ray, no GPU); local: as --print-config")
 
 
 def run(args: argparse.Namespace) -> int:
     config = compose_config(args.overrides)
-    if args.print_config:
+    if args.print_config or (args.dry_run and config.backend == "local"):
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
         return 0
-    if config.backend != "local":
-        raise ValueError(f"backend={config.backend!r} is not available in this version; "
-                         "allowed: local")
+    if config.backend == "verl":
+        from agentrl.verl.launch import launch
+
+        return launch(config, dry_run=args.dry_run)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from agentrl.trainers.local import LocalTrainer
 

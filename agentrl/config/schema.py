@@ -35,7 +35,7 @@ from agentrl.agents.config import AgentConfig, agent_presets_from_dict, check_en
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
     "ModelConfig", "RolloutConfig", "TrainConfig", "TrainGroupsConfig", "TrainerConfig",
-    "ValConfig", "build_config",
+    "ValConfig", "VerlConfig", "build_config",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -302,7 +302,8 @@ class ActorConfig(Section):
     ppo_mini_batch_size: int | None = setting(None, at_least(1), "null or an integer >= 1")
     """Trajectories per optimizer update; must divide the kept batch (null = whole batch)."""
     micro_batch_size: int = setting(2, at_least(1), "an integer >= 1")
-    """Trajectories per forward/backward pass (gradients accumulate over a mini-batch)."""
+    """Trajectories per forward/backward pass (gradients accumulate over a mini-batch); the
+    critic's too. On verl: per GPU, at most a GPU's share of a mini-batch (capped to it)."""
     clip_ratio_low: float = setting(0.2, lambda v: 0 < v < 1, "a number in (0, 1)")
     """PPO ratio clip below 1: ``1 - clip_ratio_low``."""
     clip_ratio_high: float = setting(0.28, positive, "a number > 0")
@@ -382,6 +383,46 @@ class HardwareConfig(Section):
     """The preset's name, recorded for logs (the preset sets keys in the other sections)."""
 
 
+@dataclasses.dataclass(frozen=True)
+class VerlConfig(Section):
+    """The verl backend's cluster, memory and sequence settings (read with ``backend=verl`` only).
+
+    The hardware presets set them (``configs/hardware/{a100,h100,l40}.yaml``, loosened for
+    smaller models by ``configs/sizing/``); docs/HARDWARE.md gives the memory arithmetic.
+    Trajectories per forward/backward come from ``actor.micro_batch_size`` (per GPU here).
+    """
+
+    KEY: ClassVar[str] = "verl"
+    nnodes: int = setting(1, at_least(1), "an integer >= 1")
+    """Nodes of the Ray cluster (more than one: ``ray start`` on each node first)."""
+    n_gpus_per_node: int = setting(8, at_least(1), "an integer >= 1")
+    """GPUs used on each node."""
+    trainer: Literal["legacy", "v1"] = "legacy"
+    """verl's trainer: legacy (RayPPOTrainer) or v1 (needs the TransferQueue package)."""
+    strategy: Literal["fsdp", "fsdp2"] = "fsdp"
+    """FSDP version of the actor and critic workers."""
+    tensor_model_parallel_size: int = setting(1, at_least(1), "an integer >= 1")
+    """GPUs per vLLM replica (tensor parallel); divides n_gpus_per_node."""
+    gpu_memory_utilization: float = setting(0.5, lambda v: 0 < v < 1, "a number in (0, 1)")
+    """Share of each GPU's memory vLLM takes for its weights and KV cache during rollouts."""
+    param_offload: bool = False
+    """Keep the actor's and critic's FSDP parameters in CPU memory when not computing."""
+    optimizer_offload: bool = False
+    """Keep the Adam states in CPU memory between updates."""
+    log_prob_micro_batch_size_per_gpu: int = setting(4, at_least(1), "an integer >= 1")
+    """Trajectories per GPU in one no-grad forward (old log-probs, reference, values)."""
+    max_prompt_length: int = setting(1024, at_least(1), "an integer >= 1")
+    """Tokens of an episode's first prompt (verl cuts longer ones from the left)."""
+    max_response_length: int = setting(4096, at_least(1), "an integer >= 1")
+    """Tokens after the first prompt: every reply and observation of an episode."""
+    agent_workers: int = setting(8, at_least(1), "an integer >= 1")
+    """Ray actors that run episodes, each many at once (legacy: divides the batch)."""
+    overrides: tuple[str, ...] = setting(
+        (), lambda v: all(re.fullmatch(r"[+~]{0,2}[A-Za-z_][\w.@/-]*=.*", o) for o in v),
+        "a list of hydra overrides of verl's ppo_trainer config, each 'key=value'")
+    """Raw overrides of verl's ppo_trainer config, applied last (what the keys above lack)."""
+
+
 # -- the whole config ------------------------------------------------------------------------------
 @dataclasses.dataclass(frozen=True)
 class TrainConfig(Section):
@@ -430,6 +471,8 @@ class TrainConfig(Section):
     """Checkpoints and logging."""
     hardware: HardwareConfig = dataclasses.field(default_factory=HardwareConfig)
     """Which hardware preset composed the run."""
+    verl: VerlConfig = dataclasses.field(default_factory=VerlConfig)
+    """The verl backend's cluster, memory and sequence settings."""
     agents: Mapping[str, AgentConfig] | None = None
     """Agent presets by name (``configs/agents.yaml``, composed by base.yaml, so
     ``agents.<preset>.<key>=value`` overrides work); null reads ``agents_file``."""
@@ -444,6 +487,8 @@ class TrainConfig(Section):
         self._check_presets()
         self._check_batches()
         self._check_token_budget()
+        if self.backend == "verl":
+            self._check_verl()
 
     @property
     def kept_trajectories(self) -> int:
@@ -482,11 +527,10 @@ class TrainConfig(Section):
                              "group); allowed: an integer >= 2, or adv_estimator='gae'")
         batch, mini = self.kept_trajectories, self.actor.ppo_mini_batch_size
         if mini is not None and batch % mini:
-            divisors = [d for d in range(1, batch + 1) if batch % d == 0]
             raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "
                              f"{batch} trajectories (ceil(rollout.filter_ratio * "
                              f"train.group_num) * train.group_size); allowed: null or one of "
-                             f"{divisors}")
+                             f"{_divisors(batch)}")
         if mini is not None and self.actor.micro_batch_size > mini:
             raise ValueError(f"actor.micro_batch_size={self.actor.micro_batch_size} is not "
                              f"allowed: it exceeds actor.ppo_mini_batch_size={mini}; allowed: "
@@ -500,6 +544,55 @@ class TrainConfig(Section):
                 raise ValueError(f"{key}={tokens} is not allowed: a reply must fit in "
                                  f"rollout.max_context_tokens={budget} with its prompt; "
                                  f"allowed: an integer in [1, {budget - 1}]")
+
+    def _check_verl(self) -> None:
+        """What verl cannot run, or would reject later (after Ray and the models start)."""
+        _check_verl_model(self.model.name)
+        unsupported = {  # local-engine features that verl's trainer has no counterpart for
+            "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
+            "rollout.norm_method": (self.rollout.norm_method, "identity"),
+            "critic.share_backbone": (self.critic.share_backbone, False),
+            "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
+        }
+        for key, (value, allowed) in unsupported.items():
+            if value != allowed:
+                raise ValueError(f"{key}={value!r} is not allowed with backend='verl' (the local "
+                                 f"engine only); allowed: {allowed!r}")
+        v, groups, size = self.verl, self.train.group_num, self.train.group_size
+        if v.n_gpus_per_node % v.tensor_model_parallel_size:
+            raise ValueError(f"verl.tensor_model_parallel_size={v.tensor_model_parallel_size} is "
+                             f"not allowed: it must divide verl.n_gpus_per_node="
+                             f"{v.n_gpus_per_node}; allowed: {_divisors(v.n_gpus_per_node)}")
+        gpus, batch = v.nnodes * v.n_gpus_per_node, groups * size
+        if batch % gpus:
+            raise ValueError(f"train.group_num * train.group_size = {batch} trajectories per step "
+                             f"is not allowed on verl.nnodes * verl.n_gpus_per_node = {gpus} GPUs: "
+                             f"every GPU takes the same share; allowed: a multiple of {gpus}")
+        if v.trainer == "legacy" and batch % v.agent_workers:
+            raise ValueError(f"verl.agent_workers={v.agent_workers} is not allowed: the legacy "
+                             f"trainer (verl.trainer=legacy) splits the {batch} trajectories of a "
+                             f"step evenly among them; allowed: one of {_divisors(batch)}")
+        mini = self.actor.ppo_mini_batch_size or batch
+        if mini % size or mini % gpus:
+            raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed with "
+                             f"backend='verl': verl updates on whole groups (train.group_size="
+                             f"{size}) split evenly over {gpus} GPUs; allowed: null or a "
+                             f"multiple of {math.lcm(size, gpus)} dividing {batch}")
+
+
+LOCAL_ONLY_MODELS = re.compile(r"embedded|tiny(-.+)?")
+"""Names ``agentrl.models.load_model`` builds in-process: verl's workers cannot load them."""
+
+
+def _check_verl_model(name: str) -> None:
+    if LOCAL_ONLY_MODELS.fullmatch(name) and not Path(name).exists():
+        raise ValueError(f"model.name={name!r} is not allowed with backend='verl' (verl's workers "
+                         "load the model themselves); allowed: a Hugging Face hub id or a local "
+                         "model folder, e.g. model=qwen_halfb")
+
+
+def _divisors(number: int) -> list[int]:
+    return [d for d in range(1, number + 1) if number % d == 0]
 
 
 def build_config(data: Mapping[str, Any]) -> TrainConfig:
