@@ -25,11 +25,12 @@ from agentrl.config.schema import (
     TrainerConfig,
     TrainGroupsConfig,
     ValConfig,
+    VerlConfig,
     build_config,
 )
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
     "ModelConfig", "RolloutConfig", "TrainConfig", "TrainGroupsConfig", "TrainerConfig",
-    "ValConfig", "build_config", "compose_config", "default_config_dir", "group_options",
+    "ValConfig", "VerlConfig", "build_config", "compose_config", "default_config_dir", "group_options",
 ]

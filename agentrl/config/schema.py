@@ -24,7 +24,7 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from types import UnionType
 from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
@@ -495,6 +495,14 @@ class TrainConfig(Section):
         """Trajectories per training step after filtering: the PPO batch."""
         kept_groups = max(1, math.ceil(self.rollout.filter_ratio * self.train.group_num))
         return kept_groups * self.train.group_size
+
+    def playing_presets(self, names: Iterable[str], max_new_tokens: int
+                        ) -> list[tuple[str, AgentConfig]]:
+        """The presets ``names`` as episodes play them: the run's reply limit folded into
+        ``max_response_tokens``, so the limit the prompt states is the one that cuts replies
+        (the same on both backends)."""
+        return [(name, dataclasses.replace(self.agents[name], max_response_tokens=min(
+            self.agents[name].max_response_tokens, max_new_tokens))) for name in names]
 
     def _load_agents(self) -> dict[str, AgentConfig]:
         raw = self.agents

@@ -27,6 +27,15 @@ def split_seeds(split: str, count: int, offset: int = 0) -> list[int]:
     return list(seeds[offset : offset + count])
 
 
+def train_seeds(step: int, group_num: int, seed: int) -> list[int]:
+    """Training seeds of ``step`` (from 1): a fresh block of the train range per step, a function
+    of the step and the run seed only, so a resumed step replays the same games and both
+    trainers (local, verl task files) play the same ones."""
+    span = len(SEED_RANGES["train"]) - group_num
+    offset = (seed * 100_003 + (step - 1) * group_num) % span
+    return split_seeds("train", group_num, offset)
+
+
 def split_of(seed: int) -> str:
     for split, seeds in SEED_RANGES.items():
         if seed in seeds:

@@ -47,7 +47,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.envs.splits import SEED_RANGES, split_seeds
+from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.rollout import filter_groups, normalize_returns, rollout_metrics, run_groups, to_batch
@@ -60,7 +60,7 @@ from agentrl.trainers.plots import plot_learning_curves
 from agentrl.trainers.policy import ValueModel, response_logprobs
 from agentrl.trainers.tracking import RunTracker
 
-__all__ = ["LocalTrainer", "RunResult", "StageTimer", "is_echo", "train_seeds"]
+__all__ = ["LocalTrainer", "RunResult", "StageTimer", "is_echo"]
 
 log = logging.getLogger("agentrl.train")
 
@@ -99,14 +99,6 @@ class StageTimer:
         out = {f"timing/{name}_s": s for name, s in self.seconds.items()}
         out["timing/step_s"] = sum(self.seconds.values())
         return out
-
-
-def train_seeds(step: int, group_num: int, seed: int) -> list[int]:
-    """Training seeds of ``step``: a fresh block of the train range per step (a function of the
-    step and the run seed only, so a resumed step replays the same games)."""
-    span = len(SEED_RANGES["train"]) - group_num
-    offset = (seed * 100_003 + (step - 1) * group_num) % span
-    return split_seeds("train", group_num, offset)
 
 
 def _rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -155,9 +147,10 @@ class LocalTrainer:
         if config.threads > 0:
             torch.set_num_threads(config.threads)
         self.device = _device(config.device)
-        self.presets = dict(config.agents)
-        self.train_presets = [(name, self.presets[name]) for name in config.train.presets]
-        self.val_presets = {name: self.presets[name] for name in config.val.presets}
+        r = config.rollout
+        self.train_presets = config.playing_presets(config.train.presets, r.max_new_tokens)
+        self.val_presets = dict(config.playing_presets(
+            config.val.presets, config.val.max_new_tokens or r.max_new_tokens))
 
         self.actor, self.tokenizer = load_model(config.model.name, device=self.device,
                                                 dtype=config.model.dtype,

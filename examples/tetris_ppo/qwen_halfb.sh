@@ -1,0 +1,19 @@
+#!/usr/bin/env bash
+# PPO with a critic on Tetris, Qwen2.5-0.5B-Instruct.
+# Trains on 3x3 boards with one piece type; validates on held-out boards, on 4x4 boards and on
+# two piece types.
+#
+#   bash examples/tetris_ppo/qwen_halfb.sh                 # every GPU of this node (verl)
+#   bash examples/tetris_ppo/qwen_halfb.sh --dry-run       # verl's config and command, validated
+#   bash examples/tetris_ppo/qwen_halfb.sh 16 "" "" "" "" "" "" 8   # two nodes of 8 GPUs
+#   bash examples/tetris_ppo/qwen_halfb.sh "" 16 8 "" "" "" "" "" "" "" "" 100 actor.lr=2e-6
+#
+# Hardware: 8 x A100 or H100 80GB, or 8 x L40 48GB (the preset follows the GPU's name; sizes and
+# memory arithmetic in docs/HARDWARE.md, several nodes too). Time per step: not measured yet.
+# Positional arguments and key=value overrides: as quick_train.sh (scripts/positional_args.sh);
+# without GPUs this runs the local engine on the CPU.
+set -euo pipefail
+DEFAULT_TRAIN_PRESETS="[tetrisType1Agent]"
+DEFAULT_VAL_PRESETS="[tetrisType1Agent,tetrisType1LargeAgent,tetrisType2Agent]"
+DEFAULT_MODEL=qwen_halfb
+source "$(dirname "$0")/../common.sh"

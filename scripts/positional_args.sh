@@ -1,0 +1,126 @@
+# Positional arguments of quick_train.sh and examples/*/*.sh -> one `agentrl train` command.
+# Sourced, not run; the caller sets its defaults first:
+#
+#   DEFAULT_TRAIN_PRESETS="[simpleSokobanAgent]" DEFAULT_MODEL=qwen_3b
+#   source scripts/positional_args.sh
+#   setup_environment                  # env_setup.sh, with --gpu on a machine with NVIDIA GPUs
+#   train_from_positional_args "$@"    # exec's agentrl train
+#
+# The arguments, in this order ("" or a missing one keeps the default):
+#    1 GPUS            2 GROUP_NUM       3 GROUP_SIZE      4 VAL_GROUP_NUM
+#    5 VAL_GROUP_SIZE  6 TRAIN_PRESETS   7 VAL_PRESETS     8 GPUS_PER_NODE
+#    9 PROJECT        10 EXPERIMENT     11 MODEL          12 TOTAL_STEPS
+# then key=value overrides of configs/base.yaml, passed through last (so they win).
+# `--dry-run`, anywhere: print the verl config and command that would run, validated, and stop
+# (it always plans the verl backend, and runs on a machine without a GPU).
+#
+# Backend: GPUS > 0 with verl and vLLM installed -> verl, on the hardware preset named by
+# $HARDWARE or by the GPU (A100 -> a100, H100/H200 -> h100, L40/L40S -> l40), with
+# verl.n_gpus_per_node = GPUS_PER_NODE (default GPUS) and verl.nnodes = GPUS / GPUS_PER_NODE
+# (several nodes: `ray start` on each first, docs/HARDWARE.md). Otherwise the local engine:
+# GPUS=0 on the CPU preset, GPUS=1 on that GPU.
+#
+# Defaults: DEFAULT_<NAME> (empty or unset: the presets' value). A caller may define
+# `backend_defaults local|verl` to set them per backend; it runs once the backend is known.
+
+POSITIONAL_NAMES=(GPUS GROUP_NUM GROUP_SIZE VAL_GROUP_NUM VAL_GROUP_SIZE TRAIN_PRESETS
+                  VAL_PRESETS GPUS_PER_NODE PROJECT EXPERIMENT MODEL TOTAL_STEPS)
+declare -A CONFIG_KEYS=(
+  [GROUP_NUM]=train.group_num [GROUP_SIZE]=train.group_size [VAL_GROUP_NUM]=val.group_num
+  [VAL_GROUP_SIZE]=val.group_size [TRAIN_PRESETS]=train.presets [VAL_PRESETS]=val.presets
+  [PROJECT]=project [EXPERIMENT]=experiment [TOTAL_STEPS]=train.total_steps
+)
+WHOLE_NUMBERS=" GPUS GROUP_NUM GROUP_SIZE VAL_GROUP_NUM VAL_GROUP_SIZE GPUS_PER_NODE TOTAL_STEPS "
+AGENTRL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+
+has_nvidia_gpu() { nvidia-smi -L >/dev/null 2>&1; }
+has_cuda() { python -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; }
+has_verl_gpu_stack() {
+  python -c "import importlib.util as u, sys; sys.exit(0 if u.find_spec('verl') and u.find_spec('vllm') else 1)" 2>/dev/null
+}
+visible_gpus() { if has_nvidia_gpu; then nvidia-smi -L | grep -c '^GPU'; else echo 0; fi; }
+
+setup_environment() {
+  if has_nvidia_gpu; then bash "$AGENTRL_ROOT/env_setup.sh" --gpu; else bash "$AGENTRL_ROOT/env_setup.sh"; fi
+}
+
+# The hardware preset of this machine's first GPU (a100 without one: a dry run on a CPU).
+gpu_hardware_preset() {
+  local name memory_mib
+  name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
+  case $name in
+    "") echo a100 ;;
+    *H100* | *H200* | *H800*) echo h100 ;;
+    *A100* | *A800*) echo a100 ;;
+    *L40*) echo l40 ;;
+    *)
+      memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+      local preset=l40
+      if (( memory_mib >= 75000 )); then preset=a100; fi
+      echo "$(basename "$0"): no hardware preset names '$name'; $preset by its memory" \
+           "(HARDWARE=a100|h100|l40 chooses)" >&2
+      echo "$preset" ;;
+  esac
+}
+
+positional_error() { echo "$(basename "$0"): $*" >&2; exit 2; }
+
+train_from_positional_args() {
+  local dry_run=() args=() arg name
+  for arg in "$@"; do
+    if [[ $arg == --dry-run ]]; then dry_run=(--dry-run); else args+=("$arg"); fi
+  done
+  set -- ${args[@]+"${args[@]}"}
+  declare -A given=()
+  for name in "${POSITIONAL_NAMES[@]}"; do
+    given[$name]=${1-}
+    if (( $# )); then shift; fi
+  done
+
+  local gpus=${given[GPUS]:-${DEFAULT_GPUS:-0}} backend
+  [[ $gpus =~ ^[0-9]+$ ]] || positional_error "GPUS must be a whole number, got '$gpus'"
+  if (( ${#dry_run[@]} )) || { (( gpus > 0 )) && has_verl_gpu_stack; }; then
+    backend=verl
+  elif (( gpus == 0 )) || { (( gpus == 1 )) && has_cuda; }; then
+    backend=local
+  else
+    positional_error "GPUS=$gpus needs the verl backend (verl and vLLM: bash env_setup.sh --gpu)" \
+                     "or one CUDA GPU for the local engine"
+  fi
+  if declare -F backend_defaults >/dev/null; then backend_defaults "$backend"; fi
+
+  declare -A value=()
+  for name in "${POSITIONAL_NAMES[@]}"; do
+    local default_name="DEFAULT_$name"
+    value[$name]=${given[$name]:-${!default_name:-}}
+    if [[ $WHOLE_NUMBERS == *" $name "* && -n ${value[$name]} && ! ${value[$name]} =~ ^[0-9]+$ ]]; then
+      positional_error "$name must be a whole number, got '${value[$name]}'"
+    fi
+  done
+
+  local overrides=()
+  if [[ $backend == verl ]]; then
+    overrides+=(backend=verl "hardware=${HARDWARE:-$(gpu_hardware_preset)}")
+    if (( gpus > 0 )); then
+      local per_node=${value[GPUS_PER_NODE]:-$gpus}
+      (( per_node > 0 && gpus % per_node == 0 )) \
+        || positional_error "GPUS=$gpus is not a whole number of nodes of GPUS_PER_NODE=$per_node"
+      overrides+=("verl.n_gpus_per_node=$per_node" "verl.nnodes=$(( gpus / per_node ))")
+    fi
+  elif (( gpus == 0 )); then
+    overrides+=(hardware=cpu)
+  else
+    overrides+=(hardware=cpu device=cuda)  # the local engine on one GPU
+  fi
+  local model=${value[MODEL]}
+  if [[ -n $model ]]; then
+    if [[ -f $AGENTRL_ROOT/configs/model/$model.yaml ]]; then overrides+=("model=$model")
+    else overrides+=("model.name=$model"); fi
+  fi
+  for name in "${POSITIONAL_NAMES[@]}"; do
+    if [[ -n ${CONFIG_KEYS[$name]:-} && -n ${value[$name]} ]]; then
+      overrides+=("${CONFIG_KEYS[$name]}=${value[$name]}")
+    fi
+  done
+  exec python -m agentrl.cli train ${dry_run[@]+"${dry_run[@]}"} "${overrides[@]}" "$@"
+}

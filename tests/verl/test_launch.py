@@ -1,0 +1,331 @@
+"""The verl launch: presets -> verl overrides -> verl's own config checks, the dry run, the
+scripts, and the config errors of the verl section. No GPU, no Ray, no model download."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+from omegaconf import OmegaConf
+
+from agentrl import cli
+from agentrl.config import compose_config
+from agentrl.verl import launch
+
+ROOT = Path(__file__).resolve().parents[2]
+GPU_PRESETS = ["a100", "h100", "l40"]
+MODELS = ["qwen_halfb", "qwen_3b", "qwen_7b"]
+EXAMPLES = sorted(ROOT.glob("examples/*_ppo/*.sh"))
+
+
+def verl_config(overrides: list[str]):
+    config = compose_config(overrides)
+    return config, launch.compose_verl_config(launch.verl_overrides(config,
+                                                                    launch.task_paths(config)))
+
+
+def at(verl_cfg, key: str):
+    return OmegaConf.select(verl_cfg, key)
+
+
+# -- presets ---------------------------------------------------------------------------------------
+@pytest.mark.parametrize(("hardware", "model"), itertools.product(GPU_PRESETS, MODELS))
+def test_every_gpu_preset_passes_verls_checks(hardware, model):
+    config, cfg = verl_config([f"hardware={hardware}", f"model={model}"])
+    v, gpus = config.verl, config.verl.nnodes * config.verl.n_gpus_per_node
+    assert config.backend == "verl" and config.hardware.name == hardware
+    assert at(cfg, "actor_rollout_ref.model.path") == at(cfg, "critic.model.path") == \
+        config.model.name
+    # groups: a row per group, n episodes per row
+    assert at(cfg, "data.train_batch_size") == config.train.group_num
+    assert at(cfg, "actor_rollout_ref.rollout.n") == config.train.group_size
+    batch = config.train.group_num * config.train.group_size
+    mini = at(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size") * config.train.group_size
+    assert batch % mini == 0 and mini % gpus == 0
+    assert 1 <= at(cfg, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu") <= mini // gpus
+    # hardware
+    assert (at(cfg, "trainer.nnodes"), at(cfg, "trainer.n_gpus_per_node")) == (
+        v.nnodes, v.n_gpus_per_node)
+    assert at(cfg, "actor_rollout_ref.rollout.tensor_model_parallel_size") == \
+        v.tensor_model_parallel_size
+    assert at(cfg, "actor_rollout_ref.rollout.gpu_memory_utilization") == \
+        v.gpu_memory_utilization
+    for fsdp in ("actor_rollout_ref.actor.fsdp_config", "critic.fsdp"):
+        assert at(cfg, f"{fsdp}.param_offload") == v.param_offload
+        assert at(cfg, f"{fsdp}.optimizer_offload") == v.optimizer_offload
+    # lengths: the rollout follows the data section
+    assert at(cfg, "actor_rollout_ref.rollout.prompt_length") == v.max_prompt_length
+    assert at(cfg, "actor_rollout_ref.rollout.response_length") == v.max_response_length
+    # the algorithm, the loop, validation and checkpoints
+    assert (at(cfg, "algorithm.adv_estimator"), at(cfg, "algorithm.gamma")) == ("gae", 1.0)
+    assert at(cfg, "actor_rollout_ref.rollout.agent.default_agent_loop") == "agentrl_game"
+    assert at(cfg, "actor_rollout_ref.model.external_lib") == "agentrl.verl.agent_loop"
+    assert at(cfg, "trainer.use_v1") is False
+    assert at(cfg, "actor_rollout_ref.rollout.val_kwargs.temperature") == 0
+    assert at(cfg, "trainer.test_freq") == config.val.test_freq
+    assert at(cfg, "trainer.total_training_steps") == config.train.total_steps
+    assert at(cfg, "trainer.default_local_dir") == str(config.run_dir / "checkpoints")
+    assert list(at(cfg, "trainer.logger")) == ["console", "wandb"]
+
+
+def test_smaller_models_get_larger_micro_batches_on_the_same_gpu():
+    """configs/sizing/ is picked by the model preset's name (hydra defaults interpolation)."""
+    for hardware in GPU_PRESETS:
+        sizes = [compose_config([f"hardware={hardware}", f"model={m}"]) for m in MODELS]
+        micro = [c.actor.micro_batch_size for c in sizes]
+        assert micro == sorted(micro, reverse=True) and micro[0] > micro[-1]
+        assert len({c.train.group_num * c.train.group_size for c in sizes}) == 1
+
+
+def test_h100_is_the_a100_preset_with_its_own_name():
+    a100, h100 = (compose_config([f"hardware={h}", "model=qwen_7b"]).to_dict()
+                  for h in ("a100", "h100"))
+    assert a100.pop("hardware") != h100.pop("hardware") and a100 == h100
+
+
+# -- key mapping -----------------------------------------------------------------------------------
+def test_our_keys_reach_verls(tmp_path):
+    checkpoint = tmp_path / "step_000004"
+    checkpoint.mkdir()
+    config, cfg = verl_config([
+        "hardware=a100", "model=qwen_halfb", "val.test_freq=0", "trainer.save_freq=0",
+        "train.total_steps=7", f"resume={checkpoint}", "rollout.top_k=0", "lora.rank=8",
+        "model.chat_template=chatml", "critic.ppo_epochs=3", "actor.ppo_mini_batch_size=64",
+        "trainer.logger=[console]", "val.group_size=2", "verl.trainer=v1",
+        "verl.overrides=['trainer.critic_warmup=2','algorithm.lam=0.9']"])
+    assert at(cfg, "trainer.test_freq") == -1                      # 0 = never
+    assert at(cfg, "trainer.save_freq") == 7                       # 0 = only at the end
+    assert at(cfg, "trainer.resume_mode") == "resume_path"
+    assert at(cfg, "trainer.resume_from_path") == str(checkpoint)
+    assert at(cfg, "actor_rollout_ref.rollout.top_k") == -1
+    assert at(cfg, "actor_rollout_ref.model.lora_rank") == 8
+    assert at(cfg, "actor_rollout_ref.model.custom_chat_template").startswith("{%")
+    assert at(cfg, "critic.ppo_epochs") == 3
+    assert at(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size") == 64 // 16
+    assert list(at(cfg, "trainer.logger")) == ["console"]
+    assert at(cfg, "actor_rollout_ref.rollout.val_kwargs.n") == 2
+    assert at(cfg, "trainer.use_v1") is True
+    assert at(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") is None
+    assert at(cfg, "trainer.critic_warmup") == 2
+    assert at(cfg, "algorithm.lam") == 0.9                         # raw overrides win
+    assert config.algorithm.lam == 1.0
+
+
+@pytest.mark.parametrize("resume, mode", [("auto", "auto"), ("never", "disable")])
+def test_resume_modes(resume, mode):
+    _, cfg = verl_config(["hardware=l40", "model=qwen_3b", f"resume={resume}"])
+    assert at(cfg, "trainer.resume_mode") == mode
+
+
+@pytest.mark.parametrize("text", ["plain", "with space", "it's", "back\\slash\\", "null", "123",
+                                  "a,b=[c]", "{{ x }}", "${trainer.nnodes}", "q'\\'"])
+def test_strings_survive_hydras_override_grammar(text):
+    cfg = launch.compose_verl_config(
+        [f"trainer.experiment_name={launch.hydra_value(text)}"], validate=False)
+    assert cfg.trainer.experiment_name == text
+
+
+def test_micro_batches_are_capped_to_a_gpus_share():
+    config = compose_config(["hardware=a100", "model=qwen_halfb", "verl.nnodes=2"])
+    assert config.actor.micro_batch_size == 4
+    assert launch.micro_batch_per_gpu(config) == 32 // 16
+
+
+# -- verl's own checks -----------------------------------------------------------------------------
+def test_verls_rejections_name_verls_keys():
+    config = compose_config(["hardware=a100", "model=qwen_7b",
+                             "verl.overrides=['actor_rollout_ref.actor.ppo_micro_batch_size=4']"])
+    with pytest.raises(ValueError, match="verl's config check failed.*ppo_micro_batch_size"):
+        launch.compose_verl_config(launch.verl_overrides(config, launch.task_paths(config)))
+    config = compose_config(["hardware=a100", "model=qwen_7b", "verl.overrides=['trainer.nope=1']"])
+    with pytest.raises(ValueError, match="rejects an override.*nope"):
+        launch.compose_verl_config(launch.verl_overrides(config, launch.task_paths(config)))
+
+
+@pytest.fixture(scope="module")
+def local_model(tmp_path_factory) -> Path:
+    """The tiny model's config and tokenizer as an HF folder (verl's HFModelConfig reads it)."""
+    from agentrl.models import load_model
+
+    model, tokenizer = load_model("tiny")
+    folder = tmp_path_factory.mktemp("tiny-hf")
+    model.config.architectures = [type(model).__name__]
+    model.config.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+@pytest.mark.slow
+def test_a_local_model_folder_is_checked_too(local_model, tmp_path):
+    """With a folder, verl's HFModelConfig is built as well: it reads the model's files."""
+    folder = shutil.copytree(local_model, tmp_path / "model")
+    config, cfg = verl_config(["hardware=a100", f"model.name={folder}"])
+    assert at(cfg, "actor_rollout_ref.model.path") == str(folder)
+    (folder / "config.json").write_text("{broken")
+    with pytest.raises(ValueError, match="verl's config check failed"):
+        launch.compose_verl_config(launch.verl_overrides(config, launch.task_paths(config)))
+
+
+# -- the dry run and the launch --------------------------------------------------------------------
+def test_dry_run_prints_verls_config_and_the_command_and_writes_nothing(tmp_path, capsys):
+    run_dir = tmp_path / "run"
+    assert cli.main(["train", "--dry-run", "hardware=l40", "model=qwen_7b",
+                     f"run_dir={run_dir}"]) == 0
+    out = capsys.readouterr().out
+    printed, command = out.split("# verl's config above passed verl's checks.")
+    cfg = yaml.safe_load(printed)
+    assert cfg["actor_rollout_ref"]["rollout"]["tensor_model_parallel_size"] == 2
+    assert cfg["actor_rollout_ref"]["rollout"]["response_length"] == 4096  # resolved
+    assert cfg["data"]["train_files"] == str(run_dir / "data" / "train.parquet")
+    assert "-m verl.trainer.main_ppo" in command and "data.train_batch_size=4" in command
+    assert f"hydra.run.dir={run_dir / 'verl'}" in command
+    assert not run_dir.exists()
+
+
+def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr(launch.subprocess, "run", lambda command, env, check: (
+        calls.append((command, env)) or subprocess.CompletedProcess(command, 3)))
+    monkeypatch.setenv("PYTHONPATH", "/elsewhere")
+    config = compose_config(["hardware=l40", "model=qwen_halfb", f"run_dir={tmp_path}",
+                             "train.total_steps=2", "val.group_num=2",
+                             "trainer.wandb_mode=disabled"])
+    assert launch.launch(config) == 3                              # verl's exit status
+    (command, env), = calls
+    assert command[1:3] == ["-m", launch.VERL_ENTRY]
+    assert env["PYTHONPATH"].split(os.pathsep) == [str(ROOT), "/elsewhere"]
+    assert env["WANDB_MODE"] == "disabled" and env["WANDB_DIR"] == str(tmp_path)
+    train, val = launch.task_paths(config)
+    assert f"data.train_files={train}" in command and f"data.val_files={val}" in command
+    import pyarrow.parquet as pq
+
+    assert pq.read_metadata(train).num_rows == 2 * 4 and pq.read_metadata(val).num_rows == 2
+    assert yaml.safe_load((tmp_path / "config.yaml").read_text())["hardware"]["name"] == "l40"
+
+
+# -- config errors of the verl section -------------------------------------------------------------
+GPU = ["hardware=a100", "model=qwen_halfb"]
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (["hardware=a100"], r"model.name='embedded' is not allowed with backend='verl'.*qwen_halfb"),
+    ([*GPU, "verl.tensor_model_parallel_size=3"],
+     r"tensor_model_parallel_size=3 is not allowed.*allowed: \[1, 2, 4, 8\]"),
+    ([*GPU, "verl.n_gpus_per_node=5"], r"128 trajectories per step is not allowed on .* 5 GPUs"),
+    ([*GPU, "verl.agent_workers=5"], r"verl.agent_workers=5 is not allowed.*legacy"),
+    ([*GPU, "actor.ppo_mini_batch_size=8"], r"ppo_mini_batch_size=8 is not allowed.*group_size=16"),
+    ([*GPU, "rollout.filter_ratio=0.5"], r"filter_ratio=0.5 is not allowed with backend='verl'"),
+    ([*GPU, "rollout.norm_method=mean_std"], r"rollout.norm_method='mean_std' is not allowed"),
+    ([*GPU, "critic.share_backbone=true"], r"critic.share_backbone=True is not allowed"),
+    ([*GPU, "verl.gpu_memory_utilization=1.5"], r"verl.gpu_memory_utilization=1.5 is not allowed"),
+    ([*GPU, "verl.strategy=ddp"], r"verl.strategy='ddp' is not allowed; allowed: \['fsdp'"),
+    ([*GPU, "verl.trainer=v2"], r"verl.trainer='v2' is not allowed; allowed: \['legacy', 'v1'\]"),
+    ([*GPU, "verl.overrides=[no_equals_sign]"], r"verl.overrides=.* is not allowed.*'key=value'"),
+    ([*GPU, "verl.n_gpus=8"], r"unknown key 'verl.n_gpus'"),
+])
+def test_verl_section_errors_name_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        compose_config(overrides)
+
+
+def test_the_legacy_worker_rule_does_not_bind_v1():
+    config = compose_config([*GPU, "verl.agent_workers=5", "verl.trainer=v1"])
+    assert config.verl.agent_workers == 5
+
+
+def test_verl_rules_leave_the_local_backend_alone():
+    config = compose_config(["verl.tensor_model_parallel_size=3", "rollout.filter_ratio=0.5"])
+    assert config.backend == "local"
+
+
+# -- the scripts -----------------------------------------------------------------------------------
+def run_script(script: Path, *args: str, path_prefix: Path | None = None
+               ) -> subprocess.CompletedProcess:
+    env = {**os.environ, "WANDB_MODE": "disabled"}
+    env.pop("HARDWARE", None)
+    if path_prefix is not None:
+        env["PATH"] = f"{path_prefix}{os.pathsep}{env['PATH']}"
+    return subprocess.run(["bash", str(script), *args], capture_output=True, text=True,
+                          timeout=600, env=env, cwd=ROOT, check=False)
+
+
+@pytest.fixture
+def recording_python(tmp_path) -> tuple[Path, Path]:
+    """A ``python`` first on PATH that records an ``agentrl.cli`` command instead of running it
+    (everything else goes to the real interpreter): the script's own work, without paying
+    verl's import in one more process per script."""
+    record = tmp_path / "command"
+    shim = tmp_path / "bin" / "python"
+    shim.parent.mkdir()
+    shim.write_text(f"""#!/usr/bin/env bash
+if [[ "${{1-}}" == -m && "${{2-}}" == agentrl.cli ]]; then
+  printf '%s\\n' "${{@:3}}" > {record}; exit 0
+fi
+exec {sys.executable} "$@"
+""")
+    shim.chmod(0o755)
+    return shim.parent, record
+
+
+def test_there_are_twelve_example_scripts():
+    assert [f"{p.parent.name}/{p.stem}" for p in EXAMPLES] == [
+        f"{game}_ppo/{model}" for game in ("blocksworld", "sokoban", "tetris", "textworld")
+        for model in sorted(MODELS)]
+
+
+@pytest.mark.parametrize("script", EXAMPLES, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_example_dry_run_resolves_and_validates(script, recording_python, capsys):
+    """The script's ``agentrl train --dry-run`` command, run here: verl's config checks pass."""
+    bin_dir, record = recording_python
+    done = run_script(script, "--dry-run", path_prefix=bin_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    command = record.read_text().splitlines()
+    assert command[:2] == ["train", "--dry-run"]
+    assert cli.main(command) == 0
+    out = capsys.readouterr().out
+    game, model = script.parent.name.removesuffix("_ppo"), script.stem
+    assert f"actor_rollout_ref.model.path={compose_config([f'model={model}']).model.name}" in out
+    assert f"trainer.experiment_name={game}_ppo-{model}" in out
+    data = yaml.safe_load(out.split("# verl's config above")[0])["data"]
+    assert Path(data["train_files"]).parts[-3:] == (f"{game}_ppo-{model}", "data",
+                                                    "train.parquet")
+
+
+@pytest.mark.slow
+def test_quick_train_dry_run_spreads_gpus_over_nodes():
+    """End to end, no stand-in: the script, agentrl, verl's checks, in their own processes."""
+    done = run_script(ROOT / "quick_train.sh", "--dry-run", "16", "", "", "", "", "", "", "8",
+                      "agentrl", "two-nodes", "qwen_3b", "5", "actor.lr=3e-6")
+    assert done.returncode == 0, done.stderr[-3000:]
+    for expected in ("trainer.nnodes=2", "trainer.n_gpus_per_node=8",
+                     "trainer.total_training_steps=5", "actor_rollout_ref.actor.optim.lr=3e-06",
+                     "actor_rollout_ref.model.path=Qwen/Qwen2.5-3B-Instruct"):
+        assert expected in done.stdout
+
+
+def test_positional_arguments_become_overrides(recording_python):
+    bin_dir, record = recording_python
+    done = run_script(EXAMPLES[0], "--dry-run", "4", "6", "", "3", "", "", "[banditAgent]", "",
+                      "proj", "", "", "9", "actor.lr=2e-6", path_prefix=bin_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    command = record.read_text().splitlines()
+    for expected in ("backend=verl", "hardware=a100", "verl.n_gpus_per_node=4", "verl.nnodes=1",
+                     "train.group_num=6", "val.group_num=3", "val.presets=[banditAgent]",
+                     "project=proj", "train.total_steps=9", "model=qwen_3b"):
+        assert expected in command
+    assert command[-1] == "actor.lr=2e-6"                          # pass-through comes last
+    assert not any(arg.startswith("train.group_size=") for arg in command)  # "" keeps a preset
+
+
+def test_scripts_reject_bad_positional_arguments():
+    done = run_script(EXAMPLES[0], "--dry-run", "8", "many")
+    assert done.returncode == 2 and "GROUP_NUM must be a whole number, got 'many'" in done.stderr
+    done = run_script(EXAMPLES[0], "--dry-run", "12", "", "", "", "", "", "", "8")
+    assert done.returncode == 2 and re.search(r"GPUS=12 .* GPUS_PER_NODE=8", done.stderr)
