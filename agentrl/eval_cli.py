@@ -1,0 +1,182 @@
+"""`agentrl eval`: play held-out games and report per-preset metrics.
+
+    agentrl eval --groups 8                                        # the embedded model
+    agentrl eval --policy oracle --presets all --groups 4          # reference rows
+    agentrl eval --policy random --groups 8 --out random.json
+    agentrl eval --model RUN_DIR --presets simpleSokobanAgent largeSokobanAgent  # newest step
+    agentrl eval --model RUN_DIR/checkpoints/step_000100 --out step100.json
+    agentrl eval --model Qwen/Qwen2.5-0.5B-Instruct --device cuda --max-batch 64
+
+Every preset plays the same GROUPS games (the first seeds of the held-out split, see
+agentrl/envs/splits.py), each GROUP_SIZE times. The model decodes greedily unless
+--temperature is set. --policy oracle / random play without a model: the game's known solution
+and uniformly random legal actions, the bounds a trained model sits between.
+
+Prints a table (success %, mean return, mean turns, valid-action %, format-error %, mean
+response tokens per preset) and writes the same numbers with the seeds and settings as JSON to
+--out (default eval_results.json). --model takes 'embedded', 'tiny', a Hugging Face folder or
+hub id, a training checkpoint folder (its actor/ model is loaded) or a training run folder (its
+newest complete checkpoint). Presets are the names in configs/agents.yaml, or 'all' (TextWorld
+presets generate their games on first use: slow once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import dataclasses
+import json
+import sys
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+DEFAULT_PRESETS = ("simpleSokobanAgent", "tetrisType1Agent", "blocksworldTextAgent")
+POLICIES = ("model", "oracle", "random")
+SPLITS = ("val", "test")
+DEVICES = ("auto", "cpu", "cuda")
+DTYPES = ("float32", "bfloat16", "float16")
+DEFAULT_OUT = "eval_results.json"
+TABLE_WIDTH = 160
+"""Console width when the output is not a terminal (a file or a pipe), so rows never wrap."""
+CHECKPOINT_MODEL = Path("actor")
+"""A training checkpoint keeps its Hugging Face model in this sub-folder."""
+CHECKPOINTS_DIR = "checkpoints"
+"""A training run keeps its checkpoints here (``agentrl.trainers.checkpoint.CHECKPOINTS_DIR``)."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS), metavar="PRESET",
+                        help=f"agent presets, or 'all' (default: {' '.join(DEFAULT_PRESETS)})")
+    parser.add_argument("--groups", type=positive_int, default=4,
+                        help="held-out games per preset (default 4)")
+    parser.add_argument("--group-size", type=positive_int, default=1,
+                        help="episodes per game (default 1; >1 is useful with --temperature)")
+    parser.add_argument("--policy", choices=POLICIES, default="model",
+                        help="who plays: the model (default), the oracle or random legal actions")
+    parser.add_argument("--model", default="embedded",
+                        help="embedded (default), tiny, an HF folder or hub id, a checkpoint or a "
+                             "run folder")
+    parser.add_argument("--split", choices=SPLITS, default="val",
+                        help="held-out seed range (default val)")
+    parser.add_argument("--out", default=DEFAULT_OUT,
+                        help=f"JSON file for the results (default {DEFAULT_OUT})")
+    parser.add_argument("--device", choices=DEVICES, default="auto",
+                        help="where the model runs (default auto: cuda when available)")
+    parser.add_argument("--dtype", choices=DTYPES, default="float32",
+                        help="model weights' dtype (default float32)")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None,
+                        help="cap on one reply's tokens (default: each preset's own limit)")
+    parser.add_argument("--max-context-tokens", type=positive_int, default=8192,
+                        help="token budget of one episode's context (default 8192, at most the "
+                             "model's own)")
+    parser.add_argument("--temperature", type=float, default=0.0,
+                        help="sampling temperature (default 0: greedy)")
+    parser.add_argument("--max-batch", type=positive_int, default=16,
+                        help="most replies decoded together (default 16)")
+    parser.add_argument("--threads", type=positive_int, default=None,
+                        help="torch CPU threads (default: torch's choice; 1 is often faster on "
+                             "a busy machine)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="seeds the random policy and the sampler (default 0)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def select_presets(names: list[str], available: Mapping[str, Any]) -> dict[str, Any]:
+    """The named presets in the order given ('all' = every one); unknown names -> ValueError."""
+    names = list(available) if "all" in names else list(dict.fromkeys(names))
+    unknown = [name for name in names if name not in available]
+    if unknown:
+        raise ValueError(f"unknown preset(s) {unknown} for --presets; allowed: 'all' or "
+                         f"{', '.join(available)}")
+    return {name: available[name] for name in names}
+
+
+def model_path(name: str) -> str:
+    """The model folder ``name`` stands for: a checkpoint's ``actor/``, a training run's newest
+    complete checkpoint's ``actor/``, or else ``name`` itself (a model folder, hub id, ...)."""
+    folder = Path(name).expanduser()
+    if (folder / CHECKPOINTS_DIR).is_dir():
+        from agentrl.trainers.checkpoint import latest_checkpoint
+
+        folder = latest_checkpoint(folder) or folder
+    actor = folder / CHECKPOINT_MODEL
+    return str(actor) if (actor / "config.json").is_file() else name
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    from rich.console import Console
+
+    from agentrl.agents import load_agent_presets
+    from agentrl.evaluation import evaluate
+
+    out = out or sys.stdout
+    presets = select_presets(args.presets, load_agent_presets())
+    llm = None
+    if args.policy == "model":
+        sampling = _sampling(args, presets)  # bad settings fail before the model loads
+        llm = _load_llm(args)
+        policy, label = llm, args.model
+        options = {"sampling": sampling,
+                   "max_context_tokens": min(args.max_context_tokens, _model_context(llm))}
+    else:
+        policy, label, options = args.policy, args.policy, {}
+    try:
+        result = asyncio.run(evaluate(presets, policy, groups=args.groups,
+                                      group_size=args.group_size, split=args.split,
+                                      seed=args.seed, label=label,
+                                      progress=not args.no_progress, **options))
+    finally:
+        if llm is not None:
+            llm.close()
+    console = Console(file=out, width=None if out.isatty() else TABLE_WIDTH)
+    console.print(result.table())
+    report = result.to_dict()
+    if llm is not None:
+        report["model"] = {"name": args.model, "path": model_path(args.model),
+                           "sampling": dataclasses.asdict(options["sampling"]),
+                           "generation": llm.stats.as_dict()}
+    path = Path(args.out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    console.print(f"wrote {path}")
+    return 0
+
+
+def _load_llm(args: argparse.Namespace):
+    import torch
+
+    from agentrl.engines import BatchingLLM
+    from agentrl.models import load_model
+
+    if args.threads is not None:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(model_path(args.model), device=args.device, dtype=args.dtype)
+    return BatchingLLM(model, tokenizer, max_batch=args.max_batch, seed=args.seed)
+
+
+def _sampling(args: argparse.Namespace, presets: Mapping[str, Any]):
+    from agentrl.evaluation import greedy_sampling
+
+    sampling = greedy_sampling(presets)
+    if args.max_new_tokens is not None:
+        sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    if args.temperature > 0:
+        sampling = dataclasses.replace(sampling, greedy=False, temperature=args.temperature)
+    return sampling
+
+
+def _model_context(llm) -> int:
+    return llm.max_positions or sys.maxsize

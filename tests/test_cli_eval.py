@@ -1,0 +1,107 @@
+"""`agentrl eval`: presets, reference policies to JSON, a checkpoint folder, bad options."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentrl.cli import main
+from agentrl.envs.splits import SEED_RANGES
+from agentrl.eval_cli import model_path, select_presets
+from agentrl.trainers.checkpoint import save_checkpoint
+
+PRESETS = ("tetrisType1Agent", "blocksworldTextAgent")
+
+
+def agentrl(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "agentrl.cli", *args], capture_output=True,
+                          text=True, check=False)
+
+
+def test_oracle_writes_json_rows_and_prints_the_table(tmp_path):
+    out = tmp_path / "results" / "oracle.json"
+    result = agentrl("eval", "--policy", "oracle", "--presets", *PRESETS, "--groups", "3",
+                     "--out", str(out))
+    assert result.returncode == 0, result.stderr
+    for text in (*PRESETS, "success %", "valid-action %", f"wrote {out}"):
+        assert text in result.stdout
+    assert "eval oracle" in result.stderr  # the progress bar
+    data = json.loads(out.read_text())
+    assert data["policy"] == "oracle" and list(data["presets"]) == list(PRESETS)
+    assert all(row["success"] == 1.0 and row["episodes"] == 3 for row in data["presets"].values())
+    assert data["seeds"] == list(SEED_RANGES["val"][:3])
+
+
+def test_random_on_the_test_split(tmp_path, capsys):
+    out = tmp_path / "random.json"
+    code = main(["eval", "--policy", "random", "--presets", "blocksworld2dAgent", "--groups", "4",
+                 "--split", "test", "--out", str(out), "--no-progress"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert all(seed in SEED_RANGES["test"] for seed in data["seeds"])
+    assert data["presets"]["blocksworld2dAgent"]["action_is_valid"] < 1.0  # random moves
+    captured = capsys.readouterr()
+    assert "blocksworld2dAgent" in captured.out and captured.err == ""
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--presets", "simpleSokobanAgent", "chessAgent"], "unknown preset(s) ['chessAgent']"),
+    (["--groups", "0"], "expected an integer >= 1"),
+    (["--policy", "expert"], "invalid choice: 'expert'"),
+    (["--temperature", "-1"], "--temperature must be >= 0"),
+])
+def test_bad_options_exit_2_with_a_message(args, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        main(["eval", *args])
+    assert exit_info.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_bad_preset_from_the_shell_names_the_allowed_ones():
+    result = agentrl("eval", "--policy", "oracle", "--presets", "chessAgent")
+    assert result.returncode == 2 and "Traceback" not in result.stderr
+    assert "unknown preset(s) ['chessAgent']" in result.stderr
+    assert "simpleSokobanAgent" in result.stderr and "'all'" in result.stderr
+
+
+def test_select_presets():
+    available = {"a": 1, "b": 2, "c": 3}
+    assert list(select_presets(["c", "a", "c"], available)) == ["c", "a"]
+    assert list(select_presets(["all"], available)) == ["a", "b", "c"]
+
+
+class FakeModel:
+    def save_pretrained(self, folder):  # as transformers does: the folder may not exist yet
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "config.json").write_text("{}")
+
+
+def test_model_path_finds_the_actor_of_a_checkpoint_or_a_run(tmp_path):
+    run = tmp_path / "run"
+    assert model_path(str(run)) == str(run)  # anything else is left to load_model
+    assert model_path("embedded") == "embedded"
+    first = save_checkpoint(run, 1, models={"actor": FakeModel()})
+    newest = save_checkpoint(run, 2, models={"actor": FakeModel()})
+    assert model_path(str(first)) == str(first / "actor")
+    assert model_path(str(run)) == str(newest / "actor")
+
+
+@pytest.mark.slow
+def test_model_from_a_training_run(tiny, tmp_path, capsys, one_torch_thread):
+    checkpoint = save_checkpoint(tmp_path / "run", 3, models={"actor": tiny})
+    out = tmp_path / "model.json"
+    code = main(["eval", "--model", str(tmp_path / "run"), "--presets", "simpleSokobanAgent",
+                 "--groups", "1", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out),
+                 "--no-progress"])
+    assert code == 0
+    data = json.loads(out.read_text())
+    assert data["policy"] == str(tmp_path / "run")
+    assert data["model"]["path"] == str(checkpoint / "actor")
+    assert data["model"]["sampling"]["greedy"] and data["model"]["sampling"]["max_new_tokens"] == 4
+    assert data["model"]["generation"]["requests"] >= data["presets"]["simpleSokobanAgent"]["turns"]
+    assert data["presets"]["simpleSokobanAgent"]["response_length"] > 0
+    assert "simpleSokobanAgent" in capsys.readouterr().out
