@@ -38,7 +38,7 @@ from agentrl.agents import Agent, AgentConfig
 from agentrl.engines import SamplingParams
 from agentrl.envs.splits import split_seeds
 from agentrl.rollout import rollout_metrics, run_groups
-from agentrl.rollout.records import Trajectory, Turn
+from agentrl.rollout.records import Trajectory, Turn, turn_counts
 
 __all__ = ["SCRIPTED_POLICIES", "TABLE_COLUMNS", "EvalResult", "evaluate", "greedy_sampling"]
 
@@ -215,12 +215,7 @@ def _scripted_episode(agent: Agent, preset: str, seed: int, group_index: int, po
                           num_valid=result.num_valid_actions,
                           num_effective=result.num_effective_actions,
                           truncated_by_length=False, text=text))
-    metrics = {  # the token counts (response_length, truncated_turns, ...) are 0 by default
-        "num_actions": float(sum(t.num_actions for t in turns)),
-        "num_valid": float(sum(t.num_valid for t in turns)),
-        "num_effective": float(sum(t.num_effective for t in turns)),
-        "format_errors": float(sum(not t.format_ok for t in turns)),
-    }
+    metrics = turn_counts(turns)  # no tokens: response_length and the context counts read 0
     # No tokens, so no turn end positions: per-turn rewards live in ``turns``.
     return Trajectory(
         preset=preset, seed=seed, group_index=group_index, prompt_ids=[], response_ids=[],

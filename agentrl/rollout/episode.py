@@ -66,7 +66,7 @@ from typing import Any, Protocol, Sequence
 
 from agentrl.agents import Agent
 from agentrl.models.templates import end_of_turn_ids
-from agentrl.rollout.records import Trajectory, Turn
+from agentrl.rollout.records import Trajectory, Turn, turn_counts
 
 __all__ = ["LLM", "ChatSuffix", "run_episode"]
 
@@ -247,11 +247,7 @@ async def run_episode(
     # A length-cut final reply keeps its closing token: it is part of the sequence verl pads.
     rewards = [t.reward for t in turns]
     metrics = {
-        "num_actions": float(sum(t.num_actions for t in turns)),
-        "num_valid": float(sum(t.num_valid for t in turns)),
-        "num_effective": float(sum(t.num_effective for t in turns)),
-        "format_errors": float(sum(not t.format_ok for t in turns)),
-        "truncated_turns": float(sum(t.truncated_by_length for t in turns)),
+        **turn_counts(turns),
         "dropped_turns": float(sum(1 for b in block_starts if b < window_start)),
         "context_truncated": float(window_start > 0 or context_exhausted),
         "context_exhausted": float(context_exhausted),

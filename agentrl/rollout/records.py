@@ -43,6 +43,18 @@ class Turn:
     reply: > 0 when older turns were dropped from its context (see the rollout's rules)."""
 
 
+def turn_counts(turns: list[Turn]) -> dict[str, float]:
+    """An episode's action, format and length-cut counts from its turns (the part of
+    ``Trajectory.metrics`` every way of playing an episode shares)."""
+    return {
+        "num_actions": float(sum(t.num_actions for t in turns)),
+        "num_valid": float(sum(t.num_valid for t in turns)),
+        "num_effective": float(sum(t.num_effective for t in turns)),
+        "format_errors": float(sum(not t.format_ok for t in turns)),
+        "truncated_turns": float(sum(t.truncated_by_length for t in turns)),
+    }
+
+
 @dataclass(frozen=True)
 class Trajectory:
     """One episode as one token sequence plus its per-turn bookkeeping."""
