@@ -12,7 +12,10 @@ Shapes (``B`` trajectories, ``P`` = longest prompt, ``R`` = longest response, or
 - ``rollout_log_probs`` ``(B, R)``: the sampler's log-probs, 0.0 elsewhere.
 - ``token_level_rewards`` ``(B, R)``: ``"turn"`` puts each turn's reward on that turn's last
   model token (where verl's GAE picks it up); ``"last"`` puts only the episode's score
-  (``Trajectory.score`` if normalized, else ``episode_return``) on the last model token.
+  (``Trajectory.score`` if normalized, else ``episode_return``) on the last model token. With
+  ``"turn"`` and a normalized score, the last turn also carries ``score - episode_return``:
+  the turns keep their relative shape and the episode's rewards sum to its normalized score,
+  so normalization acts under both placements.
 
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
@@ -79,6 +82,8 @@ def to_batch(
         if reward_placement == "turn":
             for pos, reward in zip(t.turn_end_positions, t.turn_rewards):
                 rewards[i, pos] += reward
+            if t.score is not None:  # normalized: the last turn carries the difference
+                rewards[i, t.turn_end_positions[-1]] += t.score - t.episode_return
         else:
             score = t.episode_return if t.score is None else t.score
             rewards[i, t.turn_end_positions[-1]] = score

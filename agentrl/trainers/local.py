@@ -1,7 +1,7 @@
 """PPO with a critic on one process (CPU or one CUDA GPU): the local engine's trainer.
 
     from agentrl.config import compose_config
-    from agentrl.trainers import LocalTrainer
+    from agentrl.trainers.local import LocalTrainer
     LocalTrainer(compose_config(["train.total_steps=4"])).fit()
 
 One training step is a short sequence of named stages (each timed as ``timing/<stage>_s``):

@@ -76,7 +76,8 @@ class ValueModel(nn.Module):
 
     ``share_backbone=True`` reads the actor's own backbone, detached: only the head trains, and no
     second copy of the model is held (the choice for tight memory). Otherwise the critic owns a
-    copy of the actor's backbone and trains all of it (verl's critic, initialised from the actor).
+    copy of the actor's backbone and trains all of it (verl's critic, initialised from the actor),
+    or, when the actor has LoRA adapters, only the copy's own adapters.
     The head starts at zero, so initial values are 0 and the first advantages are the returns.
     """
 
@@ -96,7 +97,10 @@ class ValueModel(nn.Module):
         backbone = backbone_of(actor)
         if not share_backbone:
             backbone = copy.deepcopy(backbone)
-            backbone.requires_grad_(True)
+            adapters = [p for name, p in backbone.named_parameters() if "lora_" in name]
+            backbone.requires_grad_(not adapters)  # a LoRA actor's critic trains its own adapters
+            for param in adapters:
+                param.requires_grad_(True)
         hidden = actor.config.hidden_size
         param = next(backbone.parameters())
         return cls(backbone, hidden, shared=share_backbone).to(param.device)

@@ -1,8 +1,10 @@
 """PPO's math, from verl's ``core_algos``, on the batch layout of :func:`agentrl.rollout.to_batch`.
 
-    rewards = rewards_with_kl(batch, old_logprobs, ref_logprobs, kl_coef=0.001, kl_penalty="low_var_kl")
+    rewards, kl = rewards_with_kl(token_rewards, mask, old_logprobs, ref_logprobs, kl_coef=0.001,
+                                  kl_penalty="low_var_kl")
     advantages, returns = compute_advantages("gae", rewards, mask, values=values, gamma=1.0, lam=1.0)
-    loss, metrics = policy_loss(new_logprobs, old_logprobs, advantages, mask, settings, tokens)
+    size = MiniBatchSize.of(mini_batch_mask)       # what each micro-batch loss is normalized by
+    loss, metrics = policy_loss(new_logprobs, old_logprobs, advantages, mask, LossSettings(), size)
 
 Nothing here re-implements an estimator or a loss: advantages come from
 ``core_algos.get_adv_estimator_fn(name)`` (GAE, or GRPO and the other critic-free estimators

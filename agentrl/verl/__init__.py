@@ -8,3 +8,6 @@
 
 Importing this package imports neither verl nor Ray: the modules above import them when used.
 """
+
+AGENT_NAME = "agentrl_game"
+"""The name our AgentLoop is registered under, and every task row's ``agent_name``."""

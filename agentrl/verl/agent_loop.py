@@ -83,6 +83,7 @@ from agentrl.agents import (
 from agentrl.engines import SamplingParams
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import REWARD_PLACEMENTS, ChatSuffix, Trajectory, run_episode
+from agentrl.verl import AGENT_NAME
 
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
@@ -90,7 +91,6 @@ __all__ = [
     "episode_output", "kept_turns", "open_episode", "token_rewards", "verl_overrides",
 ]
 
-AGENT_NAME = "agentrl_game"
 """The name rows select the loop by (``agent_name`` column)."""
 TOKEN_REWARDS = "token_rewards"
 """``extra_fields`` key: one reward per response token (becomes ``rm_scores``)."""

@@ -55,12 +55,11 @@ from typing import Any
 from agentrl.agents import Agent, AgentConfig
 from agentrl.config import TrainConfig
 from agentrl.envs.splits import split_seeds
+from agentrl.verl import AGENT_NAME
 
 __all__ = ["AGENT_NAME", "TRAIN_FILE", "VAL_FILE", "task_rows", "train_tasks", "val_tasks",
            "write_rows", "write_tasks"]
 
-AGENT_NAME = "agentrl_game"
-"""The AgentLoop every row selects (``agentrl.verl.agent_loop`` registers it by this name)."""
 TRAIN_FILE, VAL_FILE = "train.parquet", "val.parquet"
 Presets = Mapping[str, AgentConfig] | Sequence[tuple[str, AgentConfig]]
 """Presets by name; a sequence of pairs may repeat a preset (to weight it)."""

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import dataclasses
+
 import pytest
 import torch
 
@@ -71,3 +74,24 @@ def test_value_of_a_token_is_read_before_it(tiny, shared):
     trainable = {id(p) for p in critic.trainable_parameters()}
     assert (id(next(backbone_of(model).parameters())) in trainable) is False
     assert len(trainable) == (2 if shared else len(list(critic.parameters())))
+
+
+def test_critic_of_a_lora_actor_trains_its_own_adapters(tiny):
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = tiny
+    actor = get_peft_model(copy.deepcopy(model), LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    critic = ValueModel.from_actor(actor, share_backbone=False)
+    names = {name for name, p in critic.named_parameters() if p.requires_grad}
+    assert names and all("lora_" in name or name.startswith("head.") for name in names)
+    assert any("lora_" in name for name in names)
+    actor_adapters = {id(p) for name, p in actor.named_parameters() if "lora_" in name}
+    assert not actor_adapters & {id(p) for p in critic.trainable_parameters()}
+
+
+def test_turn_placement_sums_to_the_normalized_score():
+    trajectory = dataclasses.replace(two_turn_episode(), score=-0.5)
+    rewards = to_batch([trajectory], pad_token_id=0, reward_placement="turn")["token_level_rewards"][0]
+    assert rewards[1] == 1.0  # the first turn keeps its reward
+    assert rewards[5] == pytest.approx(2.0 - 0.5 - 3.0)  # the last carries score - return
+    assert float(rewards.sum()) == pytest.approx(-0.5)
