@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Run the test suite (the README's test command; .ci/run calls it too).
-#   bash scripts/test.sh              # everything (about N minutes on 2 CPU cores)
+#   bash scripts/test.sh              # everything: ~10 min on 2 CPU cores (3 of them make TextWorld games)
 #   bash scripts/test.sh -k sokoban   # extra arguments go to pytest
 # Sets the machine up first with env_setup.sh (a no-op when already set up).
 set -euo pipefail
