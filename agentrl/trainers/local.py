@@ -22,10 +22,9 @@ Validation (greedy, held-out seeds and presets) runs before training and every `
 steps; a checkpoint is written every ``save_freq`` steps and at the end; ``resume=auto``
 continues from the newest complete checkpoint with the same run id and metric history.
 
-Guards: a non-finite reward, advantage or loss skips that update (``guard/skipped_updates``)
-with a warning; collapse signs are measured every step and warned about: ``guard/echo_rate``
-(replies that are mostly one repeated pattern, the "echo trap"), ``actor/entropy`` below
-``ENTROPY_FLOOR`` and mean model tokens per reply below ``MIN_REPLY_TOKENS``.
+Guards (:mod:`agentrl.trainers.guards`): a non-finite reward, advantage or loss skips that
+update (``guard/skipped_updates``) with a warning; collapse signs are measured every step and
+warned about (echo-trap replies, entropy, reply length).
 """
 
 from __future__ import annotations
@@ -36,7 +35,6 @@ import logging
 import math
 import random
 import time
-import zlib
 from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
@@ -56,30 +54,15 @@ from agentrl.trainers.checkpoint import (
     capture_rng_state, load_checkpoint, restore_rng_state, restore_weights, resume_checkpoint,
     save_checkpoint,
 )
+from agentrl.trainers.guards import all_finite, collapse_metrics, warn_if_entropy_collapsed
+from agentrl.trainers.microbatch import micro_rows, pad_responses
 from agentrl.trainers.plots import plot_learning_curves
 from agentrl.trainers.policy import ValueModel, response_logprobs
 from agentrl.trainers.tracking import RunTracker
 
-__all__ = ["LocalTrainer", "RunResult", "StageTimer", "is_echo"]
+__all__ = ["LocalTrainer", "RunResult", "StageTimer"]
 
 log = logging.getLogger("agentrl.train")
-
-ENTROPY_FLOOR = 0.01
-"""Mean token entropy (nats) below which the policy is reported as collapsed."""
-MIN_REPLY_TOKENS = 2.0
-"""Mean model tokens per reply below which replies are reported as collapsed."""
-ECHO_MIN_CHARS = 48
-ECHO_COMPRESSION = 0.12
-"""A reply of at least ECHO_MIN_CHARS whose zlib size is under this share of its length is
-mostly one repeated pattern: an echo-trap reply."""
-ECHO_WARN_RATE = 0.5
-
-
-def is_echo(text: str) -> bool:
-    """Repetitive degenerate text ("aaaa...", "Up Up Up Up ...") compresses far below prose."""
-    data = text.encode("utf-8", "replace")
-    return len(data) >= ECHO_MIN_CHARS and len(zlib.compress(data)) < ECHO_COMPRESSION * len(data)
-
 
 class StageTimer:
     """Seconds per named stage of one step, as ``timing/<stage>_s`` metrics."""
@@ -99,31 +82,6 @@ class StageTimer:
         out = {f"timing/{name}_s": s for name, s in self.seconds.items()}
         out["timing/step_s"] = sum(self.seconds.values())
         return out
-
-
-def _rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Rows of ``batch``, without the columns that are padding in all of them (left padding of
-    the prompts, right padding of the responses): a micro-batch of short episodes runs short."""
-    sub = {key: value[rows] for key, value in batch.items()}
-    prompt_len, response_len = sub["prompts"].shape[1], sub["responses"].shape[1]
-    real = sub["attention_mask"].any(0).nonzero().squeeze(-1)
-    first = min(int(real[0]), prompt_len - 1)
-    end = max(int(real[-1]) + 1, prompt_len + 1)
-    out = {}
-    for key, value in sub.items():
-        if key in ("input_ids", "attention_mask", "position_ids"):
-            out[key] = value[:, first:end]
-        elif key == "prompts":
-            out[key] = value[:, first:]
-        elif value.dim() == 2 and value.shape[1] == response_len:
-            out[key] = value[:, : end - prompt_len]
-        else:
-            out[key] = value
-    return out
-
-
-def _finite(*tensors: torch.Tensor) -> bool:
-    return all(bool(torch.isfinite(t).all()) for t in tensors)
 
 
 @dataclass(frozen=True)
@@ -307,7 +265,7 @@ class LocalTrainer:
                 step, config.train.group_num, config.seed), config.train.group_size,
                 self.sampling, desc=f"step {step} rollout")
         metrics.update(rollout_metrics(trajectories, split="train"))
-        metrics.update(self._collapse_metrics(trajectories))
+        metrics.update(collapse_metrics(trajectories, self.sampling.max_new_tokens))
         with timer("filter"):
             r = config.rollout
             kept = filter_groups(trajectories, r.filter_ratio, r.filter_mode)
@@ -328,16 +286,6 @@ class LocalTrainer:
                 max_context_tokens=self.config.rollout.max_context_tokens,
                 on_episode_done=lambda _: bar.update(1)))
 
-    def _collapse_metrics(self, trajectories) -> dict[str, float]:
-        turns = [turn for t in trajectories for turn in t.turns]
-        echo = sum(is_echo(turn.text) for turn in turns) / max(1, len(turns))
-        tokens = sum(len(turn.response_ids) for turn in turns) / max(1, len(turns))
-        if echo > ECHO_WARN_RATE:
-            log.warning("%.0f%% of replies are one repeated pattern (echo trap)", 100 * echo)
-        if tokens < MIN_REPLY_TOKENS < self.sampling.max_new_tokens:
-            log.warning("replies collapsed to %.1f tokens on average", tokens)
-        return {"guard/echo_rate": echo, "guard/reply_tokens": tokens}
-
     @torch.no_grad()
     def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer) -> dict[str, torch.Tensor]:
         """Old log-probs, reference log-probs and values over the batch, micro-batch by micro-batch."""
@@ -347,16 +295,16 @@ class LocalTrainer:
         temperature = self._temperature()
         for start in range(0, n, size):
             rows = torch.arange(start, min(n, start + size))
-            micro = _rows(batch, rows)
+            micro = micro_rows(batch, rows)
             with timer("old_logprobs"):
-                parts["old"].append(_pad(response_logprobs(
+                parts["old"].append(pad_responses(response_logprobs(
                     self.actor, micro, temperature=temperature)[0], length))
             if self._needs_ref():
                 with timer("ref"), self._reference() as ref:
-                    parts["ref"].append(_pad(response_logprobs(ref, micro, temperature=temperature)[0], length))
+                    parts["ref"].append(pad_responses(response_logprobs(ref, micro, temperature=temperature)[0], length))
             if self.critic is not None:
                 with timer("values"):
-                    parts["values"].append(_pad(self.critic(micro), length))
+                    parts["values"].append(pad_responses(self.critic(micro), length))
         return {k: torch.cat(v).cpu() for k, v in parts.items()}
 
     def _temperature(self) -> float:
@@ -389,7 +337,7 @@ class LocalTrainer:
                 algo.adv_estimator, rewards, mask, values=scored.get("values"),
                 group_index=batch["group_index"].numpy(), gamma=algo.gamma, lam=algo.lam,
                 norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
-        if not _finite(rewards, advantages, returns):
+        if not all_finite(rewards, advantages, returns):
             log.warning("non-finite rewards or advantages: this step's update is skipped")
             metrics["guard/skipped_updates"] = 1.0
             return metrics
@@ -422,9 +370,7 @@ class LocalTrainer:
             self.critic_sched.step()
         metrics["actor/lr"] = self.actor_sched.get_last_lr()[0]
         metrics["guard/skipped_updates"] = float(skipped)
-        entropy = metrics.get("actor/entropy")
-        if entropy is not None and entropy < ENTROPY_FLOOR:
-            log.warning("policy entropy collapsed to %.4f nats", entropy)
+        warn_if_entropy_collapsed(metrics.get("actor/entropy"))
         return metrics
 
     def _epochs(self, batch, micro_loss, optim, params, grad_clip: float, epochs: int,
@@ -447,7 +393,7 @@ class LocalTrainer:
                     optim.zero_grad(set_to_none=True)
                     finite = True
                     for m in range(0, len(rows), micro):
-                        loss, values = micro_loss(_rows(batch, rows[m:m + micro]), size)
+                        loss, values = micro_loss(micro_rows(batch, rows[m:m + micro]), size)
                         if not torch.isfinite(loss):
                             finite = False
                             break
@@ -504,13 +450,6 @@ class LocalTrainer:
         return loss, {"critic/vf_loss": float(loss.detach()) / max(share, 1e-9),
                       "critic/vf_clipfrac": clipfrac,
                       "critic/vpred_mean": float((vpreds.detach() * mask).sum() / mask.sum().clamp(min=1))}
-
-
-def _pad(values: torch.Tensor, length: int) -> torch.Tensor:
-    """Right-pad a ``(b, r)`` micro-batch result back to the batch's response length."""
-    if values.shape[1] == length:
-        return values
-    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
 
 
 def _device(name: str) -> torch.device:
