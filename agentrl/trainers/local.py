@@ -288,7 +288,10 @@ class LocalTrainer:
 
     @torch.no_grad()
     def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer) -> dict[str, torch.Tensor]:
-        """Old log-probs, reference log-probs and values over the batch, micro-batch by micro-batch."""
+        """Old log-probs, reference log-probs and values over the batch, micro-batch by micro-batch.
+        A critic on the actor's backbone gets its values, and its update's inputs
+        (``critic_features``: the backbone does not change before the critic update), from the
+        old-log-prob pass."""
         size = self.config.actor.micro_batch_size
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
@@ -296,13 +299,19 @@ class LocalTrainer:
         for start in range(0, n, size):
             rows = torch.arange(start, min(n, start + size))
             micro = micro_rows(batch, rows)
+            shared = self.critic is not None and self.critic.shared
             with timer("old_logprobs"):
-                parts["old"].append(pad_responses(response_logprobs(
-                    self.actor, micro, temperature=temperature)[0], length))
+                old, _, features = response_logprobs(self.actor, micro, temperature=temperature,
+                                                     with_features=shared)
+                parts["old"].append(pad_responses(old, length))
+            if shared:  # the critic reads this pass's features: no second backbone pass
+                with timer("values"):
+                    parts["values"].append(pad_responses(self.critic.values_from(features), length))
+                    parts["critic_features"].append(pad_responses(features, length))
             if self._needs_ref():
                 with timer("ref"), self._reference() as ref:
                     parts["ref"].append(pad_responses(response_logprobs(ref, micro, temperature=temperature)[0], length))
-            if self.critic is not None:
+            if self.critic is not None and not shared:
                 with timer("values"):
                     parts["values"].append(pad_responses(self.critic(micro), length))
         return {k: torch.cat(v).cpu() for k, v in parts.items()}
@@ -345,8 +354,9 @@ class LocalTrainer:
                  "returns": returns}
         if "ref" in scored:
             batch["ref_logprobs"] = scored["ref"]
-        if "values" in scored:
-            batch["values"] = scored["values"]
+        for key in ("values", "critic_features"):
+            if key in scored:
+                batch[key] = scored[key]
         metrics["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
         skipped = 0
@@ -419,7 +429,7 @@ class LocalTrainer:
         config = self.config.actor
         device = self.device
         mask = micro["response_mask"].to(device).float()
-        logprobs, entropy = response_logprobs(self.actor, micro, temperature=self._temperature(),
+        logprobs, entropy, _ = response_logprobs(self.actor, micro, temperature=self._temperature(),
                                               with_entropy=True,
                                               entropy_grad=config.entropy_coeff != 0)
         pg_loss, metrics = ppo.policy_loss(logprobs, micro["old_logprobs"].to(device),
@@ -441,7 +451,8 @@ class LocalTrainer:
     def _critic_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize):
         device = self.device
         mask = micro["response_mask"].to(device).float()
-        vpreds = self.critic(micro)
+        features = micro.get("critic_features")
+        vpreds = self.critic(micro) if features is None else self.critic.values_from(features.to(device))
         loss, clipfrac = ppo.value_loss(vpreds, micro["returns"].to(device),
                                         micro["values"].to(device), mask,
                                         cliprange_value=self.config.critic.cliprange_value,

@@ -25,7 +25,7 @@ def micro_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, 
             out[key] = value[:, first:end]
         elif key == "prompts":
             out[key] = value[:, first:]
-        elif value.dim() == 2 and value.shape[1] == response_len:
+        elif value.dim() >= 2 and value.shape[1] == response_len:
             out[key] = value[:, : end - prompt_len]
         else:
             out[key] = value
@@ -33,7 +33,8 @@ def micro_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, 
 
 
 def pad_responses(values: torch.Tensor, length: int) -> torch.Tensor:
-    """Right-pad a ``(b, r)`` micro-batch result back to the batch's response length."""
+    """Right-pad a ``(b, r, ...)`` micro-batch result back to the batch's response length."""
     if values.shape[1] == length:
         return values
-    return torch.nn.functional.pad(values, (0, length - values.shape[1]))
+    widths = [0, 0] * (values.dim() - 2) + [0, length - values.shape[1]]
+    return torch.nn.functional.pad(values, widths)

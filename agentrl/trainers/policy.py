@@ -1,8 +1,11 @@
 """The networks PPO trains: response log-probs of the actor, and a critic that is a value head.
 
-    logprobs, entropy = response_logprobs(actor, batch, temperature=1.0, with_entropy=True)
+    logprobs, entropy, _ = response_logprobs(actor, batch, temperature=1.0, with_entropy=True)
     critic = ValueModel.from_actor(actor, share_backbone=False)
     values = critic(batch)                                   # (B, R)
+    # a critic on the actor's own backbone reads the features of the actor's forward pass:
+    _, _, features = response_logprobs(actor, batch, with_features=True)
+    values = shared_critic.values_from(features)
 
 Positions follow verl's layout (:func:`agentrl.rollout.to_batch`): ``input_ids = prompts |
 responses`` with ``P`` prompt and ``R`` response columns. Response token ``i`` is predicted from
@@ -35,8 +38,10 @@ def response_logprobs(
     temperature: float = 1.0,
     with_entropy: bool = False,
     entropy_grad: bool = False,
-) -> tuple[torch.Tensor, torch.Tensor | None]:
-    """Log-prob of each response token under ``model`` (and its entropy), both ``(B, R)``.
+    with_features: bool = False,
+) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
+    """Log-prob of each response token under ``model``, ``(B, R)``; its entropy (``B, R``) and
+    the last hidden state before each token (``B, R, H``: a shared critic's input) on request.
 
     Differentiable: call under ``torch.no_grad()`` for old/reference log-probs. Logits are
     divided by ``temperature`` (the sampler's), so the ratio compares like with like. The
@@ -49,7 +54,8 @@ def response_logprobs(
     device = next(model.parameters()).device
     responses = batch["responses"].to(device)
     length = responses.shape[1]
-    out = model(**_model_inputs(batch, device), use_cache=False, logits_to_keep=length + 1)
+    out = model(**_model_inputs(batch, device), use_cache=False, logits_to_keep=length + 1,
+                output_hidden_states=with_features)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -59,7 +65,8 @@ def response_logprobs(
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    return logprobs, entropy
+    features = out.hidden_states[-1][:, -length - 1:-1] if with_features else None
+    return logprobs, entropy, features
 
 
 def backbone_of(model: Any) -> nn.Module:
@@ -105,6 +112,10 @@ class ValueModel(nn.Module):
         param = next(backbone.parameters())
         return cls(backbone, hidden, shared=share_backbone).to(param.device)
 
+    def values_from(self, features: torch.Tensor) -> torch.Tensor:
+        """Values from last hidden states ``(B, R, H)`` already computed (by the actor's pass)."""
+        return self.head(features.to(self.head.weight.dtype)).squeeze(-1).float()
+
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         device = self.head.weight.device
         length = batch["responses"].shape[1]
@@ -114,8 +125,7 @@ class ValueModel(nn.Module):
                 hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
         else:
             hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
-        hidden = hidden[:, -length - 1:-1].to(self.head.weight.dtype)
-        return self.head(hidden).squeeze(-1).float()
+        return self.values_from(hidden[:, -length - 1:-1])
 
     def trainable_parameters(self) -> list[nn.Parameter]:
         return [p for p in self.parameters() if p.requires_grad]

@@ -11,7 +11,7 @@ import torch
 from agentrl.rollout import to_batch
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers import ppo
-from agentrl.trainers.policy import ValueModel, backbone_of
+from agentrl.trainers.policy import ValueModel, backbone_of, response_logprobs
 
 
 def two_turn_episode() -> Trajectory:
@@ -71,6 +71,9 @@ def test_value_of_a_token_is_read_before_it(tiny, shared):
         expected = critic.head(hidden).squeeze(-1)[0, 2:8]  # positions P-1 .. P+R-2
     assert values.shape == (1, 6)
     assert values[0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
+    with torch.no_grad():  # the actor's own pass gives the same values to a shared critic
+        _, _, features = response_logprobs(model, batch, with_features=True)
+    assert critic.values_from(features)[0].tolist() == pytest.approx(expected.tolist(), abs=1e-5)
     trainable = {id(p) for p in critic.trainable_parameters()}
     assert (id(next(backbone_of(model).parameters())) in trainable) is False
     assert len(trainable) == (2 if shared else len(list(critic.parameters())))

@@ -76,3 +76,13 @@ def test_micro_rows_drop_only_shared_padding():
     assert micro["token_level_rewards"][0].tolist() == [0.0, 1.0]
     restored = pad_responses(micro["response_mask"], batch["responses"].shape[1])
     assert restored.tolist() == batch["response_mask"][1:].tolist()
+
+
+def test_micro_rows_and_padding_keep_per_token_features():
+    batch = to_batch([padded([1, 2, 3], [5, 6, 7]), padded([1], [5])], pad_token_id=0)
+    batch["features"] = torch.arange(2 * 3 * 4, dtype=torch.float32).reshape(2, 3, 4)
+    micro = micro_rows(batch, torch.tensor([1]))
+    assert micro["features"].shape == (1, 1, 4)
+    restored = pad_responses(micro["features"], 3)
+    assert restored.shape == (1, 3, 4) and restored[0, 1:].abs().sum() == 0
+    assert restored[0, 0].tolist() == batch["features"][1, 0].tolist()
