@@ -1,6 +1,6 @@
 """The rollout layer: episodes (token-in/token-out), agent groups, the batch layout, metrics.
 
-- :mod:`agentrl.rollout.records`: ``Turn``, ``Trajectory``.
+- :mod:`agentrl.rollout.records`: ``Turn``, ``Trajectory``, ``EpisodeOutcome``.
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
 - :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``normalize_returns``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout).
@@ -17,10 +17,10 @@ from agentrl.rollout.groups import (
     run_groups,
 )
 from agentrl.rollout.metrics import rollout_metrics
-from agentrl.rollout.records import Trajectory, Turn
+from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
 
 __all__ = [
-    "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "Trajectory", "Turn", "filter_groups",
+    "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "EpisodeOutcome", "Trajectory", "Turn", "filter_groups",
     "first_prompt_ids", "group_trajectories", "normalize_returns", "normalize_scores",
     "rollout_metrics", "run_episode", "run_groups", "to_batch",
 ]

@@ -24,7 +24,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
-from agentrl.rollout.records import Trajectory
+from agentrl.rollout.records import EpisodeOutcome, Trajectory
 
 __all__ = ["TIMING_KEYS", "rollout_metrics"]
 
@@ -39,8 +39,10 @@ def _ratio(num: float, den: float) -> float:
     return num / den if den else 0.0
 
 
-def rollout_metrics(trajectories: Sequence[Trajectory], split: str = "train") -> dict[str, float]:
-    """``<split>/<preset>/<name>`` for every preset present, plus ``timing/*``."""
+def rollout_metrics(trajectories: Sequence[Trajectory | EpisodeOutcome], split: str = "train"
+                    ) -> dict[str, float]:
+    """``<split>/<preset>/<name>`` for every preset present, plus ``timing/*``, from
+    trajectories or their outcomes (verl's workers send outcomes)."""
     by_preset: dict[str, list[Trajectory]] = defaultdict(list)
     for t in trajectories:
         by_preset[t.preset].append(t)

@@ -1,5 +1,6 @@
 """Typed records of the rollout layer: one :class:`Turn` per model reply, one :class:`Trajectory`
-per episode.
+per episode, and its :class:`EpisodeOutcome` (what metrics read; small enough to travel between
+processes, as it does on verl).
 
 A trajectory is one token sequence, exactly as the model saw and produced it::
 
@@ -13,7 +14,10 @@ length limit). ``response_logprobs`` are the sampler's log-probs on model tokens
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import math
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
 
 
 @dataclass(frozen=True)
@@ -100,3 +104,51 @@ class Trajectory:
     @property
     def input_ids(self) -> list[int]:
         return list(self.prompt_ids) + list(self.response_ids)
+
+    def outcome(self) -> EpisodeOutcome:
+        return EpisodeOutcome(self.preset, self.seed, self.success, self.episode_return,
+                              self.num_turns, dict(self.metrics), dict(self.timings))
+
+
+@dataclass(frozen=True)
+class EpisodeOutcome:
+    """How an episode went, without its tokens: everything
+    :func:`agentrl.rollout.metrics.rollout_metrics` reads. A :class:`Trajectory` has the same
+    fields; this record is what crosses a process boundary (verl's ``extra_fields``) as a plain
+    dict (:meth:`to_dict` / :meth:`from_dict`)."""
+
+    preset: str
+    seed: int
+    success: bool
+    episode_return: float
+    num_turns: int
+    metrics: dict[str, float] = field(default_factory=dict)
+    timings: dict[str, float] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, record: Mapping[str, Any]) -> EpisodeOutcome:
+        """The outcome :meth:`to_dict` wrote; a missing or ill-typed field raises ValueError
+        naming it."""
+        if not isinstance(record, Mapping):
+            raise ValueError(  # noqa: TRY004 - bad record data, like the checks below
+                f"an episode outcome must be a mapping, got {type(record).__name__}")
+        missing = [name for name in cls.__dataclass_fields__ if name not in record]
+        if missing:
+            raise ValueError(f"episode outcome lacks {missing}")
+        try:
+            return cls(str(record["preset"]), int(record["seed"]), bool(record["success"]),
+                       _number(record["episode_return"]), int(record["num_turns"]),
+                       {str(k): _number(v) for k, v in dict(record["metrics"]).items()},
+                       {str(k): _number(v) for k, v in dict(record["timings"]).items()})
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"episode outcome {dict(record)!r:.200}: {error}") from None
+
+
+def _number(value: Any) -> float:
+    number = float(value)
+    if math.isnan(number):
+        raise ValueError(f"not a number: {value!r}")
+    return number

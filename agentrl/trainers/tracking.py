@@ -52,8 +52,8 @@ from tqdm.auto import tqdm
 
 __all__ = [
     "METRICS_FILE", "REDACTED", "RUN_FILE", "WANDB_MODES", "RunTracker", "matching_keys",
-    "new_run_id", "public_config", "read_metrics", "resolve_wandb_mode", "run_id_for",
-    "summary_line",
+    "metrics_record", "new_run_id", "public_config", "read_metrics", "resolve_wandb_mode",
+    "run_id_for", "summary_line",
 ]
 
 log = logging.getLogger(__name__)
@@ -218,7 +218,8 @@ def fsync_dir(folder: Path) -> None:
         os.close(fd)
 
 
-def _record(step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+def metrics_record(step: int, metrics: Mapping[str, Any]) -> dict[str, Any]:
+    """One metrics JSONL record: ``step``, ``time`` and the metrics as numbers (non-finite: None)."""
     record: dict[str, Any] = {"step": step, "time": round(time.time(), 3)}
     for key, value in metrics.items():
         if key in RESERVED_KEYS:
@@ -332,7 +333,7 @@ class RunTracker:
         if self.last_step is not None and step <= self.last_step:
             raise ValueError(f"step {step} is not after the last logged step {self.last_step}; "
                              "log each step once, with all its metrics")
-        record = _record(step, metrics)
+        record = metrics_record(step, metrics)
         self._file.write(json.dumps(record) + "\n")
         self._file.flush()
         self.last_step = step

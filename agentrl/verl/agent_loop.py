@@ -43,6 +43,10 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   V1 reads them through :meth:`GameAgentLoopOutput.as_dict`; the legacy trainer through
   :class:`GameAgentLoopWorker` (made by :class:`GameAgentLoopManager`). ``reward_score`` is
   the sum, so verl's reward loop is skipped and validation scores are episode returns.
+- **Metrics.** ``extra_fields["agentrl_episode"]`` carries the episode's ``EpisodeOutcome``;
+  :class:`GameAgentLoopManager` logs every batch's ``train/<preset>/...`` or ``val/<preset>/...``
+  metrics under the local engine's names (:mod:`agentrl.verl.metrics`). An episode the
+  response budget ended counts as ``context_exhausted``.
 - **Off the event loop.** Building the agent, its first reset (TextWorld may generate the game:
   ~1-2 s) and the first prompt's tokenization run in a worker thread; members of a group
   wait for one another there, so a game is made once per process. ``run_episode`` runs slow env
@@ -72,6 +76,8 @@ from verl.experimental.agent_loop.agent_loop import (
     register,
 )
 from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
+from verl.protocol import DataProto
+from verl.utils.ray_utils import auto_await
 
 from agentrl.agents import (
     Agent,
@@ -84,6 +90,7 @@ from agentrl.engines import SamplingParams
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import REWARD_PLACEMENTS, ChatSuffix, Trajectory, run_episode
 from agentrl.verl import AGENT_NAME
+from agentrl.verl.metrics import EpisodeMetricsLog
 
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
@@ -95,7 +102,7 @@ __all__ = [
 TOKEN_REWARDS = "token_rewards"
 """``extra_fields`` key: one reward per response token (becomes ``rm_scores``)."""
 EPISODE_INFO = "agentrl_episode"
-"""``extra_fields`` key: the episode's outcome and counts, for metrics."""
+"""``extra_fields`` key: the episode's ``EpisodeOutcome.to_dict()`` plus its row ``index``."""
 TASK_FIELDS = ("preset", "seed", "agent_config", "max_context_tokens", "reward_placement")
 """What ``extra_info`` must hold (written by :mod:`agentrl.verl.data`)."""
 
@@ -150,6 +157,13 @@ class EpisodeTask:
                              f"allowed; allowed: {list(REWARD_PLACEMENTS)}")
         config = _agent_config(preset, extra_info["agent_config"])
         return cls(preset, seed, config, max_context, str(placement))
+
+
+def row_index(extra_info: Any) -> int | None:
+    """The task row's ``extra_info.index`` (verl's dataset numbers rows by it), if it has one."""
+    index = extra_info.get("index") if isinstance(extra_info, Mapping) else None
+    is_integer = isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_))
+    return int(index) if is_integer else None
 
 
 def _integer(extra_info: Mapping, key: str, low: int) -> int:
@@ -372,20 +386,21 @@ def token_rewards(trajectory: Trajectory, length: int, placement: str) -> list[f
 
 def episode_output(trajectory: Trajectory, *, response_length: int, reward_placement: str,
                    with_logprobs: bool, server_fields: Mapping[str, Any] | None = None,
-                   num_preempted: int = -1, budget_exhausted: bool = False
-                   ) -> GameAgentLoopOutput:
-    """verl's output record of one episode (see the module docstring).
+                   num_preempted: int = -1, budget_exhausted: bool = False,
+                   index: int | None = None) -> GameAgentLoopOutput:
+    """verl's output record of one episode (see the module docstring). ``extra_fields``
+    carries the episode's outcome (``EPISODE_INFO``) with its task row's ``index``, which
+    :class:`GameAgentLoopManager` turns into our metrics.
 
     The response is cut after the last model token (no trailing observation, no closing token
     of a cut final reply) and to ``response_length``.
     """
     end = min(response_length, trajectory.turn_end_positions[-1] + 1)
     rewards = token_rewards(trajectory, end, reward_placement)
-    info = {
-        "preset": trajectory.preset, "seed": trajectory.seed, "success": float(trajectory.success),
-        "episode_return": trajectory.episode_return, "num_turns": float(trajectory.num_turns),
-        "response_budget_exhausted": float(budget_exhausted), **trajectory.metrics,
-    }
+    outcome = trajectory.outcome()
+    if budget_exhausted:  # on verl the response budget is the context that ran out
+        outcome.metrics["context_exhausted"] = 1.0
+    info = {**outcome.to_dict(), "index": index}
     return GameAgentLoopOutput(
         prompt_ids=list(trajectory.prompt_ids),
         response_ids=list(trajectory.response_ids[:end]),
@@ -437,7 +452,8 @@ class GameAgentLoop(AgentLoopBase):
             trajectory, response_length=rollout.response_length,
             reward_placement=task.reward_placement,
             with_logprobs=bool(sampling_params.get("logprobs")), server_fields=llm.server_fields,
-            num_preempted=llm.num_preempted, budget_exhausted=budget.exhausted)
+            num_preempted=llm.num_preempted, budget_exhausted=budget.exhausted,
+            index=row_index(kwargs.get("extra_info")))
 
     def _response_budget(self, task: EpisodeTask, prompt_tokens: int) -> int:
         """min(response_length, max_context_tokens - first prompt); the first prompt must fit
@@ -483,8 +499,21 @@ class GameAgentLoopWorker(AgentLoopWorker):
 
 class GameAgentLoopManager(AgentLoopManager):
     """verl's ``AgentLoopManager`` running :class:`GameAgentLoopWorker` (legacy trainer; set by
-    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class``)."""
+    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class``). Every batch it returns,
+    training or validation, also goes to our metrics log (:mod:`agentrl.verl.metrics`:
+    ``train/<preset>/...`` and ``val/<preset>/...``, as on the local engine)."""
 
     def __init__(self, *args, **kwargs):
         self.agent_loop_workers_class = ray.remote(GameAgentLoopWorker)
         super().__init__(*args, **kwargs)
+        self.episode_metrics = EpisodeMetricsLog.for_verl(self.config)
+
+    @auto_await
+    async def generate_sequences(self, prompts: DataProto) -> DataProto:
+        output = await super().generate_sequences(prompts)
+        validate = bool(prompts.meta_info.get("validate", False))
+        rollout = self.rollout_config
+        self.episode_metrics.log_batch(
+            output.non_tensor_batch.get(EPISODE_INFO), prompts.meta_info,
+            per_row=int(rollout.val_kwargs.n if validate else rollout.n))
+        return output

@@ -17,16 +17,19 @@ temperature 0) on the held-out task file, console and WandB loggers, checkpoints
 ``resume``. How our keys map onto verl's is spelled out in :func:`verl_overrides`, section by
 section; ``verl.overrides`` (raw verl overrides) come last and win. Keys of the local engine
 alone (``device``, ``threads``, ``model.dtype``: verl keeps fp32 master weights and computes in
-bf16, ``rollout.max_batch``, ``rollout.max_wait_ms``, ``trainer.plot``) are not read; settings
+bf16, ``rollout.max_batch``, ``rollout.max_wait_ms``) are not read; settings
 verl has no counterpart for and that would change the training (``rollout.filter_ratio``,
 ``rollout.norm_method``, ``critic.share_backbone``, ``lora.dropout``) fail at start-up
 (``TrainConfig``'s verl checks).
 
 Before verl starts, the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
-and our resolved config to ``<run_dir>/config.yaml``. The child process gets ``PYTHONPATH``
-with this checkout, so the Ray workers that a local cluster starts import ``agentrl``; on a
-multi-node cluster every node needs ``agentrl`` installed (``bash env_setup.sh --gpu``),
-see docs/HARDWARE.md.
+and our resolved config to ``<run_dir>/config.yaml``. While it runs, our AgentLoop's manager
+writes our per-preset metrics (``train/<preset>/...``, ``val/<preset>/...``) to
+``<run_dir>/metrics.jsonl`` and verl's WandB run (:mod:`agentrl.verl.metrics`; legacy trainer);
+when it ends, ``learning_curves.png`` is drawn from them (``trainer.plot``). The child process
+gets ``PYTHONPATH`` with this checkout, so the Ray workers that a local cluster starts import
+``agentrl``; on a multi-node cluster every node needs ``agentrl`` installed
+(``bash env_setup.sh --gpu``), see docs/HARDWARE.md.
 
 **Dry run** (``--dry-run``): the same overrides are composed with hydra over verl's own config
 folder and checked by verl's own code: ``verl.utils.config.validate_config`` (the first thing
@@ -55,6 +58,8 @@ import yaml
 
 import agentrl
 from agentrl.config import TrainConfig
+from agentrl.trainers.plots import plot_learning_curves
+from agentrl.trainers.tracking import METRICS_FILE
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
 
 __all__ = ["VERL_ENTRY", "compose_verl_config", "hydra_value", "launch", "launch_command",
@@ -387,7 +392,12 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     print(f"writing the task files into {paths[0].parent}", flush=True)
     write_tasks(config, paths[0].parent)
     print(f"starting verl: {shlex.join(command[:3])} ... ({len(overrides)} overrides)", flush=True)
-    return subprocess.run(command, env=env, check=False).returncode
+    returncode = subprocess.run(command, env=env, check=False).returncode
+    metrics = config.run_dir / METRICS_FILE  # our metrics, written by the AgentLoop's manager
+    if config.trainer.plot and metrics.exists():
+        plot = plot_learning_curves(metrics, config.run_dir / "learning_curves.png")
+        print(f"metrics: {metrics}\nlearning curves: {plot}", flush=True)
+    return returncode
 
 
 def _print_dry_run(verl_config: Any, command: list[str], env: Mapping[str, str],

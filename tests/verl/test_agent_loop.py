@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import threading
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -266,7 +267,7 @@ def test_budget_ends_the_episode_before_an_observation_overflows(workers, fake, 
     expected[turn_ends[2]] = config.format_penalty  # the cut reply has no </answer>
     assert sample.rm_scores == pytest.approx(expected)
     (info,) = result.non_tensor["agentrl_episode"]
-    assert info["response_budget_exhausted"] == 1.0 and info["num_turns"] == 3
+    assert info["metrics"]["context_exhausted"] == 1.0 and info["num_turns"] == 3
 
 
 def test_a_cut_reply_is_closed_by_a_mask_0_token(workers, fake, tmp_path, tokenizer, presets):
@@ -387,3 +388,63 @@ def test_overrides_select_our_loop_and_legacy_manager(mode, model_dir):
         assert manager_class is agent_loop.GameAgentLoopManager
         workers = manager_class(config, None).agent_loop_workers_class
         assert workers.__ray_actor_class__ is GameAgentLoopWorker
+
+
+# -- our metrics, from verl's batches --------------------------------------------------------------
+class InProcessWorker:
+    """A worker handle whose ``generate_sequences.remote`` runs the worker in this process."""
+
+    def __init__(self, worker):
+        self.generate_sequences = SimpleNamespace(remote=worker.generate_sequences)
+
+
+def test_manager_logs_our_metric_names_for_training_and_padded_validation(
+        workers, fake, tmp_path, tokenizer, presets):
+    from omegaconf import open_dict
+    from verl import DataProto
+    from verl.protocol import pad_dataproto_to_divisor
+
+    from agentrl.rollout import EpisodeOutcome, rollout_metrics
+    from agentrl.trainers.tracking import read_metrics
+
+    preset = "simpleSokobanAgent"
+    config = one_action_per_turn(presets, preset)
+    won = play_script(tokenizer, preset, config, 1, ["no format", ORACLE, ORACLE, ORACLE])
+    lost = play_script(tokenizer, preset, config, 2, ["no format"] * 50)
+    assert won.success and not lost.success
+    worker, verl_cfg, _ = workers("legacy", 2, PROMPT_LENGTH, RESPONSE_LENGTH)
+    verl_cfg = verl_cfg.copy()
+    with open_dict(verl_cfg):
+        verl_cfg.trainer.default_local_dir = str(tmp_path / "run" / "checkpoints")
+        verl_cfg.trainer.logger = ["console"]
+    manager = agent_loop.GameAgentLoopManager(verl_cfg, None)
+    manager.agent_loop_workers = [InProcessWorker(worker)]
+    rows = [task_row(game, index, max_context_tokens=4096)
+            for index, game in enumerate([won, lost])]
+
+    def generate(meta_info: dict, n: int, divisor: int = 1):
+        fake.load([won, lost])
+        batch = DataProto.from_single_dict(dataset_batch(rows, tmp_path, tokenizer, verl_cfg))
+        batch = batch.repeat(repeat_times=n, interleave=True)
+        batch, _ = pad_dataproto_to_divisor(batch, divisor)
+        batch.meta_info.update(meta_info)
+        return manager.generate_sequences(batch)
+
+    generate({"global_steps": 1}, n=2)  # rollout.n = 2
+    generate({"global_steps": 1, "validate": True}, n=1, divisor=3)  # [won, lost, won copy]
+    assert len(fake.calls) == sum(len(g.replies) for g in (won, lost, won))  # the copy played
+
+    train, val = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    p = f"train/{preset}"
+    replies = [len(won.replies), len(lost.replies)]
+    format_errors = [g.replies.count("no format") for g in (won, lost)]
+    assert train["step"] == 1 and train[f"{p}/success"] == 0.5
+    assert train[f"{p}/turns"] == pytest.approx(sum(replies) / 2)
+    assert train[f"{p}/return"] == pytest.approx((sum(won.rewards) + sum(lost.rewards)) / 2)
+    assert train[f"{p}/format_error"] == pytest.approx(sum(format_errors) / sum(replies))
+    assert val["step"] == 1 and val[f"val/{preset}/success"] == 0.5  # the copy is not counted
+    assert val[f"val/{preset}/turns"] == pytest.approx(sum(replies) / 2)
+    local = rollout_metrics([EpisodeOutcome(preset, 0, True, 0.0, 1)], split="train")
+    assert set(train) - {"step", "time"} == set(local)  # the local engine's names, all of them
+    assert set(val) - {"step", "time"} == {k.replace("train/", "val/", 1) for k in local
+                                           if k.startswith("train/")}

@@ -7,6 +7,7 @@ import itertools
 import os
 import re
 import shutil
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -191,8 +192,14 @@ def test_dry_run_prints_verls_config_and_the_command_and_writes_nothing(tmp_path
 
 def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(launch.subprocess, "run", lambda command, env, check: (
-        calls.append((command, env)) or subprocess.CompletedProcess(command, 3)))
+
+    def verl_run(command, env, check):
+        calls.append((command, env))
+        records = [{"step": s, "time": 0, "train/p/success": s / 2} for s in (1, 2)]
+        (tmp_path / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in records))
+        return subprocess.CompletedProcess(command, 3)  # what our manager writes, then an error
+
+    monkeypatch.setattr(launch.subprocess, "run", verl_run)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     config = compose_config(["hardware=l40", "model=qwen_halfb", f"run_dir={tmp_path}",
                              "train.total_steps=2", "val.group_num=2",
@@ -208,6 +215,7 @@ def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch):
 
     assert pq.read_metadata(train).num_rows == 2 * 4 and pq.read_metadata(val).num_rows == 2
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["hardware"]["name"] == "l40"
+    assert (tmp_path / "learning_curves.png").stat().st_size > 0  # drawn from our metrics
 
 
 # -- config errors of the verl section -------------------------------------------------------------

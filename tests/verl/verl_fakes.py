@@ -34,6 +34,7 @@ class ScriptedGame:
     rewards: list[float]
     observations: list[list[int]]
     """The chat-template suffix ids after each reply but the last."""
+    success: bool = False
 
 
 def play_script(tokenizer, preset: str, config: AgentConfig, seed: int,
@@ -43,6 +44,7 @@ def play_script(tokenizer, preset: str, config: AgentConfig, seed: int,
     agent = Agent(config)
     opening = agent.reset(seed=seed)
     replies, rewards, observations = [], [], []
+    result = None
     for entry in script:
         text = agent.oracle_response() if entry is ORACLE else entry
         result = agent.step(text)
@@ -55,7 +57,7 @@ def play_script(tokenizer, preset: str, config: AgentConfig, seed: int,
         raise AssertionError(f"the script of {preset} seed {seed} ends before the episode")
     agent.close()
     return ScriptedGame(preset, config, seed, first_prompt_ids(tokenizer, opening), replies,
-                        rewards, observations)
+                        rewards, observations, success=result.success)
 
 
 @dataclasses.dataclass

@@ -1,0 +1,97 @@
+"""Our metrics on verl (``agentrl.verl.metrics``): padding copies left out, resumed steps logged
+once, WandB fed into verl's step. The manager's end-to-end test is in test_agent_loop.py."""
+
+from __future__ import annotations
+
+import json
+import sys
+from types import SimpleNamespace
+
+import pytest
+from omegaconf import OmegaConf
+
+from agentrl.rollout import EpisodeOutcome
+from agentrl.trainers.tracking import read_metrics
+from agentrl.verl.metrics import EpisodeMetricsLog, batch_metrics, episode_outcomes
+
+
+def info(preset: str, seed: int, success: bool, index: int | None, **metrics) -> dict:
+    outcome = EpisodeOutcome(preset, seed, success, 1.0 if success else -1.0, 2,
+                             {"format_errors": 0.0, **metrics}, {"generate_s": 0.5})
+    return {**outcome.to_dict(), "index": index}
+
+
+def test_episodes_past_n_per_row_are_padding_copies():
+    a, b = info("p", 1, True, 0), info("p", 2, False, 1)
+    a2 = info("p", 1, False, 0)  # the second sample of row 0
+    outcomes = episode_outcomes([a, a2, b, None, b, a, a2], per_row=2)  # None: another loop
+    assert [(o.seed, o.success) for o in outcomes] == [(1, True), (1, False), (2, False),
+                                                       (2, False)]
+    # rows without an index are told apart by preset and seed
+    unindexed = [info("p", 1, True, None), info("q", 1, True, None), info("p", 1, True, None)]
+    assert [o.preset for o in episode_outcomes(unindexed, per_row=1)] == ["p", "q"]
+    with pytest.raises(ValueError, match="per_row=0"):
+        episode_outcomes([a], per_row=0)
+
+
+def test_a_bad_outcome_names_what_is_wrong():
+    record = info("p", 1, True, 0)
+    del record["num_turns"]
+    with pytest.raises(ValueError, match="lacks.*num_turns"):
+        episode_outcomes([record], per_row=1)
+    with pytest.raises(ValueError, match="not a number"):
+        episode_outcomes([{**info("p", 1, True, 0), "episode_return": float("nan")}], per_row=1)
+
+
+def test_batch_metrics_use_the_local_names_and_leave_timings_out_of_validation():
+    outcomes = episode_outcomes([info("p", 1, True, 0), info("p", 2, False, 1)], per_row=1)
+    train = batch_metrics(outcomes, "train")
+    assert train["train/p/success"] == 0.5 and train["timing/generate_s"] == 0.5
+    val = batch_metrics(outcomes, "val")
+    assert val["val/p/success"] == 0.5 and not any(k.startswith("timing/") for k in val)
+    with pytest.raises(ValueError, match="allowed: train, val"):
+        batch_metrics(outcomes, "test")
+
+
+def test_a_resumed_run_replaces_the_steps_it_redoes(tmp_path):
+    path = tmp_path / "metrics.jsonl"
+    old = [{"step": s, "time": 0, "train/p/success": 0.1} for s in (1, 2, 3)]
+    old += [{"step": s, "time": 0, "val/p/success": 0.2} for s in (0, 2)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    log = EpisodeMetricsLog(tmp_path, use_wandb=False, console=False)
+    # resumed from the step-2 checkpoint: validation before training runs at step 2
+    log.log(2, "val", {"val/p/success": 0.9})
+    log.log(3, "train", {"train/p/success": 0.8})
+    log.log(3, "val", {"val/p/success": 1.0})  # later records of a split append
+    records = [(r["step"], next(k for k in r if "/" in k), r[next(k for k in r if "/" in k)])
+               for r in read_metrics(path)]
+    assert records == [(1, "train/p/success", 0.1), (2, "train/p/success", 0.1),
+                       (0, "val/p/success", 0.2), (2, "val/p/success", 0.9),
+                       (3, "train/p/success", 0.8), (3, "val/p/success", 1.0)]
+
+
+def test_wandb_gets_the_metrics_in_verls_step_uncommitted(tmp_path, monkeypatch):
+    calls = []
+    run = SimpleNamespace(log=lambda values, **kwargs: calls.append((values, kwargs)))
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(run=run))
+    log = EpisodeMetricsLog(tmp_path, use_wandb=True, console=False)
+    log.log(4, "train", {"train/p/success": 0.5, "train/p/return": float("inf")})
+    assert calls == [({"train/p/success": 0.5}, {"step": 4, "commit": False})]  # inf dropped
+    monkeypatch.setitem(sys.modules, "wandb", SimpleNamespace(run=None))  # no run: nothing
+    log.log(5, "train", {"train/p/success": 0.5})
+    assert len(calls) == 1
+
+
+def test_log_batch_reads_step_and_split_from_verls_meta_info(tmp_path, capsys):
+    config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt"),
+                                           "logger": ["console"]}})
+    log = EpisodeMetricsLog.for_verl(config)
+    assert log.path == tmp_path / "metrics.jsonl" and log.console and not log.use_wandb
+    infos = [info("p", 1, True, 0), info("p", 1, False, 0)]  # the second: a padding copy
+    logged = log.log_batch(infos, {"global_steps": 7, "validate": True}, per_row=1)
+    assert logged["val/p/success"] == 1.0 and logged["val/p/return"] == 1.0
+    assert log.log_batch(infos, {"validate": True}, per_row=1) == {}  # no step: not logged
+    assert log.log_batch(None, {"global_steps": 8}, per_row=1) == {}  # no episodes of ours
+    (record,) = read_metrics(log.path)
+    assert record["step"] == 7 and record["val/p/success"] == 1.0
+    assert "agentrl val step 7 | val p 1" in capsys.readouterr().out
