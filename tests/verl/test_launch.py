@@ -4,10 +4,10 @@ scripts, and the config errors of the verl section. No GPU, no Ray, no model dow
 from __future__ import annotations
 
 import itertools
+import json
 import os
 import re
 import shutil
-import json
 import subprocess
 import sys
 from pathlib import Path
