@@ -29,9 +29,40 @@ import torch
 
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["REWARD_PLACEMENTS", "to_batch"]
+__all__ = ["REWARD_PLACEMENTS", "kept_turns", "to_batch", "token_rewards"]
 
 REWARD_PLACEMENTS = ("turn", "last")
+
+
+def kept_turns(trajectory: Trajectory, length: int) -> list[tuple[int, float]]:
+    """(last model token, reward) of the turns that end within ``response_ids[:length]``."""
+    return [(end, reward) for end, reward in
+            zip(trajectory.turn_end_positions, trajectory.turn_rewards) if end < length]
+
+
+def token_rewards(trajectory: Trajectory, placement: str, length: int | None = None
+                  ) -> list[float]:
+    """One reward per token of ``trajectory.response_ids[:length]`` (all when ``None``), placed
+    as the module docstring says; both trainers' rewards come from here. A turn whose last
+    model token lies beyond ``length`` counts for nothing (verl cuts responses to its width)."""
+    if placement not in REWARD_PLACEMENTS:
+        raise ValueError(f"unknown reward_placement {placement!r}; "
+                         f"allowed: {REWARD_PLACEMENTS}")
+    length = len(trajectory.response_ids) if length is None else length
+    rewards = [0.0] * length
+    kept = kept_turns(trajectory, length)
+    if not kept:
+        return rewards
+    last = kept[-1][0]
+    if placement == "turn":
+        for end, reward in kept:
+            rewards[end] += reward
+        if trajectory.score is not None:  # normalized: the last turn carries the difference
+            rewards[last] += trajectory.score - trajectory.episode_return
+    else:
+        rewards[last] = (sum(reward for _, reward in kept) if trajectory.score is None
+                         else trajectory.score)
+    return rewards
 
 
 def to_batch(
@@ -77,16 +108,8 @@ def to_batch(
             response_attn[i, :n_r] = 1
             response_mask[i, :n_r] = torch.tensor(t.response_mask, dtype=torch.long)
             logprobs[i, :n_r] = torch.tensor(t.response_logprobs, dtype=torch.float32)
-        if not t.turn_end_positions:
-            continue
-        if reward_placement == "turn":
-            for pos, reward in zip(t.turn_end_positions, t.turn_rewards):
-                rewards[i, pos] += reward
-            if t.score is not None:  # normalized: the last turn carries the difference
-                rewards[i, t.turn_end_positions[-1]] += t.score - t.episode_return
-        else:
-            score = t.episode_return if t.score is None else t.score
-            rewards[i, t.turn_end_positions[-1]] = score
+            rewards[i, :n_r] = torch.tensor(token_rewards(t, reward_placement),
+                                            dtype=torch.float32)
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return {

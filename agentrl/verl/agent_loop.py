@@ -89,13 +89,14 @@ from agentrl.agents import (
 from agentrl.engines import SamplingParams
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import REWARD_PLACEMENTS, ChatSuffix, Trajectory, run_episode
+from agentrl.rollout.batch import kept_turns, token_rewards
 from agentrl.verl import AGENT_NAME
 from agentrl.verl.metrics import EpisodeMetricsLog
 
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
     "GameAgentLoopOutput", "GameAgentLoopWorker", "ResponseBudget", "ServerLLM",
-    "episode_output", "kept_turns", "open_episode", "token_rewards", "verl_overrides",
+    "episode_output", "open_episode", "verl_overrides",
 ]
 
 """The name rows select the loop by (``agent_name`` column)."""
@@ -361,29 +362,6 @@ class GameAgentLoopOutput(AgentLoopOutput):
         return output
 
 
-def kept_turns(trajectory: Trajectory, length: int) -> list[tuple[int, float]]:
-    """(last model token, reward) of the turns that end within ``response_ids[:length]``."""
-    return [(end, reward) for end, reward in
-            zip(trajectory.turn_end_positions, trajectory.turn_rewards) if end < length]
-
-
-def token_rewards(trajectory: Trajectory, length: int, placement: str) -> list[float]:
-    """One reward per response token of ``trajectory.response_ids[:length]``: ``"turn"`` puts
-    each turn's reward on its last model token, ``"last"`` their sum on the last model token.
-    Turns whose last token lies beyond ``length`` count for nothing."""
-    rewards = [0.0] * length
-    kept = kept_turns(trajectory, length)
-    if placement == "turn":
-        for end, reward in kept:
-            rewards[end] += reward
-    elif placement == "last":
-        if kept:
-            rewards[kept[-1][0]] = sum(reward for _, reward in kept)
-    else:
-        raise ValueError(f"unknown reward placement {placement!r}; allowed: {REWARD_PLACEMENTS}")
-    return rewards
-
-
 def episode_output(trajectory: Trajectory, *, response_length: int, reward_placement: str,
                    with_logprobs: bool, server_fields: Mapping[str, Any] | None = None,
                    num_preempted: int = -1, budget_exhausted: bool = False,
@@ -396,7 +374,7 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
     of a cut final reply) and to ``response_length``.
     """
     end = min(response_length, trajectory.turn_end_positions[-1] + 1)
-    rewards = token_rewards(trajectory, end, reward_placement)
+    rewards = token_rewards(trajectory, reward_placement, end)
     outcome = trajectory.outcome()
     if budget_exhausted:  # on verl the response budget is the context that ran out
         outcome.metrics["context_exhausted"] = 1.0

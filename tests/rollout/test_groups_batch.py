@@ -14,6 +14,7 @@ from agentrl.rollout import (
     rollout_metrics,
     to_batch,
 )
+from agentrl.rollout.batch import token_rewards
 
 
 def traj(group, ret, preset="p", prompt=(5, 6), response=(7, 8, 9, 10), mask=(1, 1, 0, 1),
@@ -99,6 +100,18 @@ def test_to_batch_layout():
     assert padded["input_ids"].shape == (1, 10)
     with pytest.raises(ValueError, match="max_response_length"):
         to_batch([a], 0, max_response_length=2)
+
+
+def test_token_rewards_cut_to_a_length_drop_the_turns_past_it():
+    t = traj(0, 3.0, response=(7, 8, 9, 10, 11), mask=(1, 1, 0, 1, 1), ends=(1, 4),
+             rewards=[1.0, 2.0])
+    assert token_rewards(t, "turn") == [0, 1.0, 0, 0, 2.0]
+    assert token_rewards(t, "last") == [0, 0, 0, 0, 3.0]
+    assert token_rewards(t, "turn", length=4) == [0, 1.0, 0, 0]  # turn 2 ends past the cut
+    assert token_rewards(t, "last", length=4) == [0, 1.0, 0, 0]  # its reward is not counted
+    assert token_rewards(t, "last", length=1) == [0]
+    with pytest.raises(ValueError, match="allowed: \\('turn', 'last'\\)"):
+        token_rewards(t, "first")
 
 
 def test_metrics_names_and_values():
