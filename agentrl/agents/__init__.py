@@ -1,4 +1,4 @@
-"""The agent layer: game <-> chat turns (prompts, answer parsing, penalties, history window).
+"""The agent layer: game <-> chat turns (prompts, answer parsing, penalties).
 
 >>> from agentrl.agents import Agent, load_agent_presets
 >>> agent = Agent(load_agent_presets()["simpleSokobanAgent"])
@@ -9,12 +9,12 @@
 - :mod:`agentrl.agents.agent`: ``Agent`` (one class for every game) and ``TurnResult``.
 """
 
-from agentrl.agents.agent import GAME_SPECS, Agent, GameSpec, TurnResult, apply_history_window
+from agentrl.agents.agent import GAME_SPECS, Agent, GameSpec, TurnResult
 from agentrl.agents.config import AgentConfig, agent_presets_from_dict, load_agent_presets
 from agentrl.agents.parsing import ParsedResponse, format_response, parse_response
 
 __all__ = [
     "GAME_SPECS", "Agent", "AgentConfig", "GameSpec", "ParsedResponse", "TurnResult",
-    "agent_presets_from_dict", "apply_history_window", "format_response", "load_agent_presets",
+    "agent_presets_from_dict", "format_response", "load_agent_presets",
     "parse_response",
 ]

@@ -22,8 +22,8 @@ An episode, turn by turn:
      next user message: what happened and the reward, the turn and actions left, the new state.
    The caller appends its own assistant message (or response tokens) before those: ``step``
    never repeats the reply back.
-3. ``history(messages)``: the chat cut to the preset's ``history_window`` (see
-   :func:`apply_history_window`).
+``history_window`` is applied by the rollout, on the episode's token spans
+(:func:`agentrl.rollout.run_episode`), not here.
 
 Games differ only by data: ``GAME_SPECS`` (format examples, how the state is labelled). The
 game's own text (``rules``, observations) comes from the env.
@@ -185,10 +185,6 @@ class Agent:
                           num_valid_actions=valid, num_effective_actions=effective,
                           dropped_actions=dropped, info=info)
 
-    def history(self, messages: list[dict]) -> list[dict]:
-        """The chat cut to this preset's ``history_window`` (see :func:`apply_history_window`)."""
-        return apply_history_window(messages, self.config.history_window)
-
     # -- prompt text -------------------------------------------------------------------------------
     def instructions(self) -> str:
         """The fixed part of the first user message: instructions, rules, format, limits."""
@@ -281,26 +277,6 @@ class Agent:
 
     def __exit__(self, *exc) -> None:
         self.close()
-
-
-def apply_history_window(messages: list[dict], window: int) -> list[dict]:
-    """The chat with only the last ``window`` turns after the opening (0 = keep everything).
-
-    Policy: the opening (leading system messages and the first user message, which holds the
-    instructions, rules and initial state) is always kept. After it, a *turn* is an assistant
-    message and the messages that follow it up to the next assistant message (the feedback with
-    the then-current state). The oldest turns are dropped whole, so the last message — the
-    current state — always stays and the model always sees its latest reply and its outcome.
-    Nothing is summarised or marked; the list is a new one, the input is not changed.
-    """
-    first_user = next((i for i, m in enumerate(messages) if m.get("role") == "user"), None)
-    if window <= 0 or first_user is None:
-        return list(messages)
-    opening, rest = messages[: first_user + 1], messages[first_user + 1:]
-    starts = [i for i, m in enumerate(rest) if m.get("role") == "assistant"]
-    if len(starts) <= window:
-        return list(messages)
-    return opening + rest[starts[-window]:]
 
 
 def _randint(rng: Any, high: int) -> int:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from agentrl.agents import (
-    Agent, AgentConfig, agent_presets_from_dict, apply_history_window, load_agent_presets,
+    Agent, AgentConfig, agent_presets_from_dict, load_agent_presets,
 )
 from agentrl.agents.parsing import parse_response
 from agentrl.envs import env_id
@@ -171,47 +171,6 @@ def test_random_and_oracle_replies_are_well_formed(name, rng):
     assert set(parse_response(agent.random_response(rng), enable_think=c.enable_think,
                               separator=c.action_separator, max_actions=9).actions) <= legal
     agent.close()
-
-
-# -- history window --------------------------------------------------------------------------------
-def chat(turns: int, system: bool = True) -> list[dict]:
-    messages = [{"role": "system", "content": "s"}] if system else []
-    messages.append({"role": "user", "content": "u0"})
-    for k in range(1, turns + 1):
-        messages += [{"role": "assistant", "content": f"a{k}"},
-                     {"role": "user", "content": f"u{k}"}]
-    return messages
-
-
-def contents(messages):
-    return [m["content"] for m in messages]
-
-
-def test_history_window_keeps_the_opening_and_the_last_turns():
-    messages = chat(4)
-    before = [dict(m) for m in messages]
-    assert apply_history_window(messages, 0) == messages
-    assert contents(apply_history_window(messages, 1)) == ["s", "u0", "a4", "u4"]
-    assert contents(apply_history_window(messages, 2)) == ["s", "u0", "a3", "u3", "a4", "u4"]
-    assert apply_history_window(messages, 4) == messages
-    assert apply_history_window(messages, 9) == messages
-    assert messages == before  # not mutated
-    assert contents(apply_history_window(chat(3, system=False), 1)) == ["u0", "a3", "u3"]
-    with_reply = chat(2) + [{"role": "assistant", "content": "a3"}]
-    assert contents(apply_history_window(with_reply, 1)) == ["s", "u0", "a3"]
-    assert apply_history_window([], 2) == []
-
-
-def test_agent_history_uses_the_preset_window():
-    agent = Agent(config(history_window=1, max_actions_per_turn=1))
-    messages = agent.reset(seed=0)
-    for _ in range(3):
-        reply = "<think>x</think><answer>Left</answer>"
-        result = agent.step(reply)
-        messages += [{"role": "assistant", "content": reply}, *result.messages]
-    window = agent.history(messages)
-    assert window[:2] == messages[:2] and window[2:] == messages[-2:]
-    assert len(window) == 4 and "Turn 4 of 11" in window[-1]["content"]
 
 
 # -- plain answers (Bandit) ------------------------------------------------------------------------
