@@ -46,12 +46,20 @@ CHECKPOINTS_DIR = "checkpoints"
 
 
 def positive_int(text: str) -> int:
+    return _int_at_least(text, 1)
+
+
+def non_negative_int(text: str) -> int:
+    return _int_at_least(text, 0)
+
+
+def _int_at_least(text: str, low: int) -> int:
     try:
         value = int(text)
     except ValueError:
-        value = 0
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}")
+        value = low - 1
+    if value < low:
+        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
     return value
 
 
@@ -84,6 +92,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="sampling temperature (default 0: greedy)")
     parser.add_argument("--max-batch", type=positive_int, default=16,
                         help="most replies decoded together (default 16)")
+    parser.add_argument("--prefix-cache-tokens", type=non_negative_int, default=16384,
+                        help="keys/values of past turns kept, so a turn reads only its new "
+                             "tokens (default 16384; 0 = off)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is often faster on "
                              "a busy machine)")
@@ -162,7 +173,8 @@ def _load_llm(args: argparse.Namespace):
     if args.threads is not None:
         torch.set_num_threads(args.threads)
     model, tokenizer = load_model(model_path(args.model), device=args.device, dtype=args.dtype)
-    return BatchingLLM(model, tokenizer, max_batch=args.max_batch, seed=args.seed)
+    return BatchingLLM(model, tokenizer, max_batch=args.max_batch, seed=args.seed,
+                       prefix_cache_tokens=args.prefix_cache_tokens)
 
 
 def _sampling(args: argparse.Namespace, presets: Mapping[str, Any]):

@@ -28,6 +28,11 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
 - Sampling draws from one seedable ``torch.Generator``: the same requests batched the same way
   give the same tokens. Which requests share a batch depends on timing, so concurrent sampling
   runs are reproducible only through :meth:`generate_batch` or with ``max_batch=1``.
+- **Prefix cache** (``prefix_cache_tokens > 0``; :mod:`agentrl.engines.prefix_cache`): a
+  finished request's keys and values are kept, and a later prompt that extends it (the next
+  turn of the episode) reads only its new tokens. Identical prompts in one batch (a group's
+  first turn) are read once and their rows repeated. The stored rows sit left-padded before the
+  new tokens, with the same masking and positions, so a row decodes as it would from scratch.
 - Like vLLM, generation also stops at end-of-sequence: ``eos_token_ids`` (default
   ``end_of_turn_ids(tokenizer)``) are added to every request's ``stop_token_ids``; pass
   ``eos_token_ids=()`` to turn that off.
@@ -44,6 +49,8 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 import torch
+
+from agentrl.engines.prefix_cache import PrefixCache
 
 __all__ = ["BatchingLLM", "GenerationStats", "SamplingParams"]
 
@@ -88,6 +95,9 @@ class GenerationStats:
     requests: int = 0
     batches: int = 0
     prompt_tokens: int = 0
+    prefill_tokens: int = 0
+    """Of the prompt tokens, those the model read: the rest came from the prefix cache or
+    were an identical prompt of the same batch."""
     generated_tokens: int = 0
     generation_seconds: float = 0.0
     """Wall time inside the decode loop (prefill + decode), summed over batches."""
@@ -138,6 +148,9 @@ class BatchingLLM:
         device: where to run; default the model's device (the model is moved if different).
         seed: seeds the sampling generator (None: a random seed).
         eos_token_ids: always stop on these; default ``end_of_turn_ids(tokenizer)``.
+        prefix_cache_tokens: keys and values of finished requests kept for prompts that extend
+            them, in tokens (0 = off; see :mod:`agentrl.engines.prefix_cache`). After changing
+            the model's weights, call :meth:`clear_prefix_cache`.
     """
 
     def __init__(
@@ -150,6 +163,7 @@ class BatchingLLM:
         device: str | torch.device | None = None,
         seed: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
+        prefix_cache_tokens: int = 0,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -174,6 +188,8 @@ class BatchingLLM:
             self.generator.manual_seed(seed)
         self.stats = GenerationStats()
         self._stats_lock = threading.Lock()
+        self.prefix_cache = PrefixCache(prefix_cache_tokens)
+        self._cache_usable: bool | None = None  # known after the first stored row
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-llm")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
@@ -191,6 +207,10 @@ class BatchingLLM:
         future = asyncio.get_running_loop().create_future()
         queue.put_nowait(_Request(prompt, sampling, future))
         return await future
+
+    def clear_prefix_cache(self) -> None:
+        """Forget every stored prefix: they were computed with the weights before a change."""
+        self.prefix_cache.clear()
 
     def reset_stats(self) -> None:
         with self._stats_lock:
@@ -276,12 +296,13 @@ class BatchingLLM:
             return []
         start = time.perf_counter()
         with torch.inference_mode():
-            results, prefill_seconds = self._decode(prompts, list(samplings))
+            results, prefill_seconds, prefill_tokens = self._decode(prompts, list(samplings))
         seconds = time.perf_counter() - start
         with self._stats_lock:
             self.stats.requests += len(prompts)
             self.stats.batches += 1
             self.stats.prompt_tokens += sum(map(len, prompts))
+            self.stats.prefill_tokens += prefill_tokens
             self.stats.generated_tokens += sum(len(ids) for ids, _ in results)
             self.stats.generation_seconds += seconds
             self.stats.prefill_seconds += prefill_seconds
@@ -290,33 +311,32 @@ class BatchingLLM:
 
     def _decode(
         self, prompts: list[list[int]], samplings: list[SamplingParams]
-    ) -> tuple[list[tuple[list[int], list[float]]], float]:
-        """Results per prompt, and the seconds the prefill took."""
-        from transformers import DynamicCache
-
+    ) -> tuple[list[tuple[list[int], list[float]]], float, int]:
+        """Results per prompt, the seconds the prefill took and the tokens it read."""
         device, n = self.device, len(prompts)
-        width = max(map(len, prompts))
-        input_ids = torch.full((n, width), self.pad_token_id, dtype=torch.long)
-        attention_mask = torch.zeros((n, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
-            input_ids[row, width - len(prompt) :] = torch.tensor(prompt)
-            attention_mask[row, width - len(prompt) :] = 1
-        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+        # identical prompts (a group's first turn) are read once, then their rows repeated
+        unique: dict[tuple[int, ...], int] = {}
+        owner = [unique.setdefault(tuple(prompt), len(unique)) for prompt in prompts]
+        cache, input_ids, attention_mask, position_ids = self._prefill_inputs(list(unique))
+        prefill_tokens = int(attention_mask[:, -input_ids.shape[1]:].sum())
 
         rows = _RowParams.of(samplings, device)
         stops = [set(s.stop_token_ids) | set(self.eos_token_ids) for s in samplings]
         limits = [s.max_new_tokens for s in samplings]
         outputs: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
         active = list(range(n))  # original row of each batch row still decoding
-        cache = DynamicCache(config=self.model.config)
-        next_positions = position_ids[:, -1] + 1
 
         start = time.perf_counter()
         logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        if len(unique) < n:
+            index = torch.tensor(owner, device=device)
+            cache.batch_select_indices(index)
+            logits, attention_mask = logits[index], attention_mask[index]
+            position_ids = position_ids[index]
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         prefill_seconds = time.perf_counter() - start
+        next_positions = position_ids[:, -1] + 1
         while True:
             tokens, logprobs = _choose(logits, rows, self.generator)
             keep = []
@@ -327,8 +347,10 @@ class BatchingLLM:
                 lps.append(logprob)
                 if token not in stops[row] and len(ids) < limits[row]:
                     keep.append(batch_row)
+                else:
+                    self._remember(prompts[row] + ids[:-1], cache, attention_mask, batch_row)
             if not keep:
-                return outputs, prefill_seconds
+                return outputs, prefill_seconds, prefill_tokens
             if len(keep) < len(active):  # drop finished rows from every per-row tensor
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
@@ -338,6 +360,60 @@ class BatchingLLM:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], 1)
             logits = self._forward(tokens[:, None], attention_mask, next_positions[:, None], cache)
             next_positions = next_positions + 1
+
+    def _prefill_inputs(self, prompts: list[tuple[int, ...]]):
+        """The cache (stored prefixes, left-padded) and the prefill's ids, attention mask over
+        cache + ids, and positions. Each prompt's stored prefix comes from the prefix cache; the
+        rest of it is right-aligned in ``input_ids``. Pads (in both parts) are masked out and
+        positions count real tokens only, so a row decodes as it would alone."""
+        from transformers import DynamicCache
+
+        device = self.device
+        hits = [self.prefix_cache.longest_prefix(p) if self._cache_usable else None
+                for p in prompts]
+        cached = [len(hit.ids) if hit else 0 for hit in hits]
+        past = max(cached)
+        rests = [prompt[c:] for prompt, c in zip(prompts, cached)]
+        width = max(map(len, rests))
+        input_ids = torch.full((len(prompts), width), self.pad_token_id, dtype=torch.long)
+        attention_mask = torch.zeros((len(prompts), past + width), dtype=torch.long)
+        for row, (rest, c) in enumerate(zip(rests, cached)):
+            input_ids[row, width - len(rest):] = torch.tensor(rest)
+            attention_mask[row, past - c:past] = 1
+            attention_mask[row, past + width - len(rest):] = 1
+        input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+        position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
+        cache = DynamicCache(config=self.model.config)
+        if past:
+            sample = next(hit for hit in hits if hit)
+            for layer in range(len(sample.keys)):
+                parts = []
+                for store in ("keys", "values"):
+                    heads, _, dim = getattr(sample, store)[layer].shape
+                    full = getattr(sample, store)[layer].new_zeros(len(prompts), heads, past, dim)
+                    for row, hit in enumerate(hits):
+                        if hit:
+                            full[row, :, past - len(hit.ids):] = getattr(hit, store)[layer]
+                    parts.append(full)
+                cache.update(*parts, layer)
+        return cache, input_ids, attention_mask, position_ids
+
+    def _remember(self, ids: list[int], cache: Any, attention_mask: torch.Tensor,
+                  batch_row: int) -> None:
+        """Store a finished row's keys and values under ``ids`` (its prompt and reply but the
+        last token), for a later prompt that extends them."""
+        if self.prefix_cache.max_tokens == 0:
+            return
+        if self._cache_usable is None:  # a cache we can slice: full attention, every layer
+            self._cache_usable = all(type(layer).__name__ == "DynamicLayer"
+                                     for layer in getattr(cache, "layers", [None]))
+        if not self._cache_usable:
+            return
+        real = attention_mask[batch_row].nonzero().squeeze(1)
+        if len(real) != len(ids):
+            raise RuntimeError(f"prefix cache: {len(real)} cached positions for {len(ids)} ids")
+        self.prefix_cache.put(ids, [layer.keys[batch_row][:, real] for layer in cache.layers],
+                              [layer.values[batch_row][:, real] for layer in cache.layers])
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         """Logits of the last position, float32, shape [batch, vocab]."""

@@ -128,7 +128,8 @@ class LocalTrainer:
                 self.critic.trainable_parameters(), config.critic)
         self.llm = BatchingLLM(self.actor, self.tokenizer, max_batch=config.rollout.max_batch,
                                max_wait_ms=config.rollout.max_wait_ms, device=self.device,
-                               seed=config.seed)
+                               seed=config.seed,
+                               prefix_cache_tokens=config.rollout.prefix_cache_tokens)
         self.loop = asyncio.new_event_loop()
         self.step = 0
         r = config.rollout
@@ -212,6 +213,7 @@ class LocalTrainer:
     def validate(self) -> dict[str, float]:
         """Greedy episodes of the validation presets on held-out seeds: ``val/<preset>/...``."""
         v = self.config.val
+        self.llm.clear_prefix_cache()  # its keys/values are of the weights before the update
         result = self.loop.run_until_complete(evaluate(
             self.val_presets, self.llm, groups=v.group_num, group_size=v.group_size, split="val",
             tokenizer=self.tokenizer, sampling=self.val_sampling,
@@ -278,6 +280,7 @@ class LocalTrainer:
         return metrics
 
     def _rollout(self, presets, seeds, group_size, sampling, desc: str):
+        self.llm.clear_prefix_cache()  # its keys/values are of the weights before the update
         total = len(seeds) * group_size
         with tqdm(total=total, desc=desc, unit="ep", leave=False) as bar:
             return self.loop.run_until_complete(run_groups(

@@ -17,10 +17,10 @@ temperature 0) on the held-out task file, console and WandB loggers, checkpoints
 ``resume``. How our keys map onto verl's is spelled out in :func:`verl_overrides`, section by
 section; ``verl.overrides`` (raw verl overrides) come last and win. Keys of the local engine
 alone (``device``, ``threads``, ``model.dtype``: verl keeps fp32 master weights and computes in
-bf16, ``rollout.max_batch``, ``rollout.max_wait_ms``) are not read; settings
-verl has no counterpart for and that would change the training (``rollout.filter_ratio``,
-``rollout.norm_method``, ``critic.share_backbone``, ``lora.dropout``) fail at start-up
-(``TrainConfig``'s verl checks).
+bf16, ``rollout.max_batch``, ``rollout.max_wait_ms``, ``rollout.prefix_cache_tokens``: vLLM
+caches prefixes itself) are not read; settings verl has no counterpart for and that would change
+the training (``rollout.filter_ratio``, ``rollout.norm_method``, ``critic.share_backbone``,
+``lora.dropout``) fail at start-up (``TrainConfig``'s verl checks).
 
 Before verl starts, the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
 and our resolved config to ``<run_dir>/config.yaml``. While it runs, our AgentLoop's manager
