@@ -1,0 +1,58 @@
+"""Run one of the benchmarks of the source checkout (``scripts/bench/<name>.py``).
+
+    agentrl bench                                   # list them
+    agentrl bench generate --model tiny --batch-sizes 1 4
+    agentrl bench prefix_cache --help               # a benchmark's own options
+
+Each prints a table and writes JSON under ``bench_results/`` (docs/DEVELOPMENT.md). The scripts
+live in the source tree, beside the package; an installed wheel does not carry them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import runpy
+import sys
+from pathlib import Path
+
+import agentrl
+
+BENCH_DIR = Path(agentrl.__file__).resolve().parents[1] / "scripts" / "bench"
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("name", nargs="?", help="the benchmark (none: list them)")
+    parser.add_argument("options", nargs=argparse.REMAINDER,
+                        help="the benchmark's own options (see agentrl bench NAME --help)")
+
+
+def benchmarks(folder: Path = BENCH_DIR) -> dict[str, str]:
+    """Name -> the first line of its docstring (read, not run)."""
+    found = {}
+    for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
+        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
+        found[path.stem] = doc.splitlines()[0] if doc else ""
+    return found
+
+
+def run(args: argparse.Namespace) -> int:
+    available = benchmarks()
+    if not available:
+        raise ValueError(f"no benchmarks in {BENCH_DIR}: they live in the source checkout's "
+                         "scripts/bench/ (clone the repository and install it with pip -e)")
+    if args.name is None:
+        width = max(map(len, available))
+        for name, summary in available.items():
+            print(f"{name:<{width}}  {summary}")
+        return 0
+    if args.name not in available:
+        raise ValueError(f"unknown benchmark {args.name!r}; allowed: {', '.join(available)}")
+    path = BENCH_DIR / f"{args.name}.py"
+    argv = sys.argv
+    sys.argv = [str(path), *args.options]
+    try:
+        runpy.run_path(str(path), run_name="__main__")
+    finally:
+        sys.argv = argv
+    return 0

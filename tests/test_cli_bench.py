@@ -1,0 +1,33 @@
+"""`agentrl bench`: lists the benchmarks of scripts/bench/ and runs one with its own options."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from agentrl import cli
+from agentrl.bench_cli import BENCH_DIR
+
+
+def test_without_a_name_it_lists_every_benchmark_with_its_summary(capsys):
+    assert cli.main(["bench"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names == sorted(path.stem for path in BENCH_DIR.glob("*.py"))
+    assert any(line.startswith("prefix_cache") and "prefix cache" in line for line in lines)
+
+
+def test_a_benchmark_runs_with_its_own_options(tmp_path, capsys):
+    out = tmp_path / "envs.json"
+    assert cli.main(["bench", "envs", "--games", "Bandit", "--resets", "3", "--steps", "3",
+                     "--out", str(out)]) == 0
+    assert "Bandit" in json.dumps(json.loads(out.read_text()))
+    assert "Bandit" in capsys.readouterr().out
+
+
+def test_an_unknown_benchmark_names_the_allowed_ones(capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        cli.main(["bench", "nope"])
+    assert exit_info.value.code == 2
+    assert "unknown benchmark 'nope'; allowed: envs, generate" in capsys.readouterr().err
