@@ -24,8 +24,8 @@ ARMS = 4
 STEPS = 15
 
 
-def bandit_run(tmp_path, arms: list[str], steps: int):
-    base = compose_config(["model=tiny"]).to_dict()
+def bandit_run(tmp_path, arms: list[str], steps: int, estimator: str = "gae"):
+    base = compose_config(["model=tiny", f"algorithm.adv_estimator={estimator}"]).to_dict()
     base["agents"] = {"bandit": first_token_bandit(arms)}
     base.update(run_dir=str(tmp_path / "run"), seed=1, threads=1)
     base["train"].update(presets=["bandit"], group_num=4, group_size=4, total_steps=steps)
@@ -39,7 +39,8 @@ def bandit_run(tmp_path, arms: list[str], steps: int):
 
 
 @pytest.mark.slow
-def test_ppo_learns_the_paying_arm(tmp_path, monkeypatch, one_torch_thread):
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])  # with a critic, and group-relative
+def test_ppo_learns_the_paying_arm(estimator, tmp_path, monkeypatch, one_torch_thread):
     if os.environ.get("AGENTRL_FLIP_ADVANTAGES") == "1":
         real = ppo.compute_advantages
 
@@ -50,7 +51,7 @@ def test_ppo_learns_the_paying_arm(tmp_path, monkeypatch, one_torch_thread):
         monkeypatch.setattr(ppo, "compute_advantages", flipped)
     model, tokenizer = load_model("tiny")
     arms = likely_arms(model, tokenizer, ARMS)
-    trainer = LocalTrainer(bandit_run(tmp_path, arms, steps=STEPS))
+    trainer = LocalTrainer(bandit_run(tmp_path, arms, steps=STEPS, estimator=estimator))
     try:
         result = trainer.fit()
     finally:
