@@ -8,8 +8,9 @@ Both runs play the same held-out games (``agentrl.evaluation.evaluate``, greedy)
 engine each: ``--prefix-cache-tokens`` (on) or 0 (off). Without the cache every turn re-reads
 the whole conversation; with it, a turn reads its reply's last token and the new observation.
 Identical prompts in a batch (a group's first turn, ``--group-size`` > 1) are read once in both
-runs. The table shows wall time, prompt tokens sent and tokens the model read (prefill), prefill
-seconds and the speed-up; the runs alternate (off, on, off, on, ...) for ``--repeats`` rounds
+runs. The table shows prompt tokens sent and tokens the model read, the mean batch, prefill and
+decode seconds, wall time and the speed-up (replies much shorter than the conversation gain the
+most: the cache removes prefill, not decoding); the runs alternate (off, on, off, on, ...) for ``--repeats`` rounds
 so machine load hits both alike. Greedy replies are checked to be the same in both runs (float
 noise may flip a near-tie; the count of differing episodes is reported).
 """
@@ -52,6 +53,9 @@ def play(llm: BatchingLLM, presets, args) -> dict:
         "prefill_tokens": stats.prefill_tokens,
         "prefill_seconds": stats.prefill_seconds,
         "generated_tokens": stats.generated_tokens,
+        "decode_seconds": stats.generation_seconds - stats.prefill_seconds,
+        "batches": stats.batches,
+        "mean_batch_size": stats.mean_batch_size,
         "replies": [[turn.response_ids for turn in t.turns] for t in result.trajectories],
     }
 
@@ -94,6 +98,9 @@ def main(argv: list[str] | None = None) -> None:
             "seconds": [round(r["seconds"], 2) for r in results],
             "prefill_seconds_median": round(statistics.median(
                 r["prefill_seconds"] for r in results), 2),
+            "decode_seconds_median": round(statistics.median(
+                r["decode_seconds"] for r in results), 2),
+            "mean_batch_size": round(statistics.mean(r["mean_batch_size"] for r in results), 2),
             **{k: first[k] for k in ("turns", "prompt_tokens", "prefill_tokens",
                                       "generated_tokens")},
         }
@@ -103,12 +110,13 @@ def main(argv: list[str] | None = None) -> None:
     table = Table(title=f"{args.model} on {args.device}: {args.preset}, {args.groups} games x "
                         f"{args.group_size}, replies <= {args.max_new_tokens} tokens")
     for column in ("prefix cache", "turns", "prompt tokens", "read by the model",
-                   "prefill s", "wall s (median)", "speed-up"):
+                   "mean batch", "prefill s", "decode s", "wall s (median)", "speed-up"):
         table.add_column(column, justify="right")
     for mode, row in rows.items():
         table.add_row(mode, str(row["turns"]), str(row["prompt_tokens"]),
-                      str(row["prefill_tokens"]), f"{row['prefill_seconds_median']:.1f}",
-                      f"{row['seconds_median']:.1f}",
+                      str(row["prefill_tokens"]), f"{row['mean_batch_size']:.1f}",
+                      f"{row['prefill_seconds_median']:.1f}",
+                      f"{row['decode_seconds_median']:.1f}", f"{row['seconds_median']:.1f}",
                       f"{speedup:.2f}x" if mode == "on" else "1.00x")
     Console().print(table)
     print(f"episodes whose greedy replies differ between the runs: {differing} of "
