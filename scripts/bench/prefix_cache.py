@@ -10,8 +10,8 @@ the whole conversation; with it, a turn reads its reply's last token and the new
 Identical prompts in a batch (a group's first turn, ``--group-size`` > 1) are read once in both
 runs. The table shows prompt tokens sent and tokens the model read, the mean batch, prefill and
 decode seconds, wall time and the speed-up (replies much shorter than the conversation gain the
-most: the cache removes prefill, not decoding); the runs alternate (off, on, off, on, ...) for ``--repeats`` rounds
-so machine load hits both alike. Greedy replies are checked to be the same in both runs (float
+most: the cache removes prefill, not decoding); the runs alternate (off, on, off, on, ...) for
+``--repeats`` rounds so machine load hits both alike. Greedy replies are checked to be the same in both runs (float
 noise may flip a near-tie; the count of differing episodes is reported).
 """
 
@@ -118,7 +118,7 @@ def main(argv: list[str] | None = None) -> None:
                       f"{row['prefill_seconds_median']:.1f}",
                       f"{row['decode_seconds_median']:.1f}", f"{row['seconds_median']:.1f}",
                       f"{speedup:.2f}x" if mode == "on" else "1.00x")
-    Console().print(table)
+    Console(width=max(120, Console().width)).print(table)  # whole headers in logs too
     print(f"episodes whose greedy replies differ between the runs: {differing} of "
           f"{len(runs['off'][0]['replies'])}")
     result = {
