@@ -16,7 +16,9 @@ from each episode's :class:`~agentrl.rollout.records.EpisodeOutcome` (carried in
 - to the console: one summary line (success and return per preset).
 
 **Step**: verl's ``global_steps`` from the batch's ``meta_info`` (validation before training
-logs at the step training starts from). **Padding**: verl pads a validation batch to a multiple
+logs at the step training starts from). verl validates the whole held-out file in one batch
+(``data.val_batch_size`` null, as the launch leaves it); a smaller ``val_batch_size`` gives one
+record per chunk. **Padding**: verl pads a validation batch to a multiple
 of its worker count with copies of the batch's first rows; a task row (``extra_info.index``) has
 ``n`` episodes (``rollout.n``, or ``rollout.val_kwargs.n`` when validating), so episodes past
 the ``n``-th of a row are copies and are left out. **Resume**: the first record of a split that
