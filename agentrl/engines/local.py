@@ -384,18 +384,11 @@ class BatchingLLM:
         input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
         position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)[:, past:]
         cache = DynamicCache(config=self.model.config)
-        if past:
-            sample = next(hit for hit in hits if hit)
-            for layer in range(len(sample.keys)):
-                parts = []
-                for store in ("keys", "values"):
-                    heads, _, dim = getattr(sample, store)[layer].shape
-                    full = getattr(sample, store)[layer].new_zeros(len(prompts), heads, past, dim)
-                    for row, hit in enumerate(hits):
-                        if hit:
-                            full[row, :, past - len(hit.ids):] = getattr(hit, store)[layer]
-                    parts.append(full)
-                cache.update(*parts, layer)
+        layers = len(next(hit for hit in hits if hit).keys) if past else 0
+        for layer in range(layers):  # the stored prefixes, left-padded to ``past``
+            cache.update(_left_padded([hit.keys[layer] if hit else None for hit in hits], past),
+                         _left_padded([hit.values[layer] if hit else None for hit in hits], past),
+                         layer)
         return cache, input_ids, attention_mask, position_ids
 
     def _remember(self, ids: list[int], cache: Any, attention_mask: torch.Tensor,
@@ -498,6 +491,18 @@ def _truncate(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) 
             use_p[:, None] & (before >= top_p[:, None]), float("-inf")
         )
     return torch.empty_like(logprobs).scatter_(-1, order, sorted_lp)
+
+
+def _left_padded(parts: list[torch.Tensor | None], width: int) -> torch.Tensor:
+    """``[rows, heads, width, dim]``: each row's ``[heads, length, dim]`` at the right end,
+    zeros before it (a whole row of zeros for ``None``)."""
+    sample = next(part for part in parts if part is not None)
+    heads, _, dim = sample.shape
+    out = sample.new_zeros(len(parts), heads, width, dim)
+    for row, part in enumerate(parts):
+        if part is not None:
+            out[row, :, width - part.shape[1]:] = part
+    return out
 
 
 def _model_device(model: Any) -> torch.device:
