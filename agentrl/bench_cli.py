@@ -12,13 +12,34 @@ from __future__ import annotations
 
 import argparse
 import ast
+import json
+import platform
 import runpy
 import sys
 from pathlib import Path
+from typing import Any
 
 import agentrl
 
 BENCH_DIR = Path(agentrl.__file__).resolve().parents[1] / "scripts" / "bench"
+
+
+def write_result(out: str | Path, result: Any) -> Path:
+    """A benchmark's result as JSON at ``out`` (its folder made), and a line saying where."""
+    path = Path(out)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(result, indent=2))
+    print(f"wrote {path}")
+    return path
+
+
+def device_name(device: str) -> str:
+    """The GPU's name for a CUDA device, else the CPU's."""
+    if device.startswith("cuda"):
+        import torch
+
+        return torch.cuda.get_device_name(device)
+    return platform.processor() or platform.machine()
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

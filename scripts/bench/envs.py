@@ -12,11 +12,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
-import json
 import os
 import tempfile
 import time
-from pathlib import Path
 
 import gymnasium
 import numpy as np
@@ -24,6 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 import agentrl
+from agentrl.bench_cli import write_result
 from agentrl.envs import GAMES, env_id
 
 
@@ -111,9 +110,7 @@ def main(argv: list[str] | None = None) -> None:
         os.environ["AGENTRL_CACHE"] = tempfile.mkdtemp(prefix="agentrl-bench-")  # a fresh pool
     rows = [bench_preset(game, preset, args) for game in args.games for preset in presets_of(game)]
     print_table(rows)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"rows": rows, "args": vars(args)}, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, {"rows": rows, "args": vars(args)})
 
 
 if __name__ == "__main__":

@@ -22,18 +22,17 @@ from); a game preset needs a larger model or many more steps.
 from __future__ import annotations
 
 import argparse
-import json
 from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.bench_cli import write_result
 from agentrl.config import build_config, compose_config
 from agentrl.models import load_model
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.sanity import first_token_bandit, likely_arms
 from agentrl.trainers.tracking import read_metrics
-
 
 BANDIT = "first-token-bandit"
 
@@ -86,10 +85,7 @@ def main(argv: list[str] | None = None) -> dict:
         "plot": str(run.plot) if run.plot else None, "run_dir": str(run.run_dir),
     }
     show(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(args.out, result)
     return result
 
 

@@ -19,17 +19,15 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
-import platform
 import statistics
 import time
-from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
 from agentrl.agents import load_agent_presets
+from agentrl.bench_cli import device_name, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
@@ -125,12 +123,9 @@ def main(argv: list[str] | None = None) -> None:
         "rows": rows, "speedup": round(speedup, 3), "episodes_differing": differing,
         "episodes": len(runs["off"][0]["replies"]), "args": vars(args),
         "torch": torch.__version__, "threads": torch.get_num_threads(),
-        "device_name": torch.cuda.get_device_name(args.device)
-        if args.device.startswith("cuda") else platform.processor() or platform.machine(),
+        "device_name": device_name(args.device),
     }
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
 
 
 if __name__ == "__main__":

@@ -52,7 +52,6 @@ import argparse
 import asyncio
 import dataclasses
 import importlib.util
-import json
 import os
 import platform
 import random
@@ -68,6 +67,7 @@ from rich.table import Table
 
 import agentrl
 from agentrl.agents import Agent, AgentConfig, load_agent_presets
+from agentrl.bench_cli import write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.envs.sokoban import MOVES
 from agentrl.envs.tetris import ACTIONS as TETRIS_ACTIONS
@@ -505,9 +505,7 @@ def main(argv: list[str] | None = None) -> dict:
         "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews wall
     }
     print_table(result)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(result, indent=2))
-    print(f"wrote {args.out}")
+    write_result(args.out, result)
     return result
 
 

@@ -14,16 +14,15 @@ time; update tokens/s counts every token the actor (or critic) forward+backward 
 from __future__ import annotations
 
 import argparse
-import json
 import platform
 import tempfile
 import time
-from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
+from agentrl.bench_cli import write_result
 from agentrl.config import compose_config
 from agentrl.trainers.local import LocalTrainer
 
@@ -61,10 +60,7 @@ def main(argv: list[str] | None = None) -> dict:
             trainer.close()
     result = summarize(steps, config)
     show(result)
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=2))
-    print(f"wrote {out}")
+    write_result(args.out, result)
     return result
 
 
