@@ -43,7 +43,7 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from pathlib import Path
 from typing import Any
@@ -51,8 +51,8 @@ from typing import Any
 from tqdm.auto import tqdm
 
 __all__ = [
-    "METRICS_FILE", "REDACTED", "RUN_FILE", "WANDB_MODES", "RunTracker", "matching_keys",
-    "metrics_record", "new_run_id", "public_config", "read_metrics", "resolve_wandb_mode",
+    "METRICS_FILE", "REDACTED", "RUN_FILE", "WANDB_MODES", "RunTracker", "keep_metrics",
+    "matching_keys", "metrics_record", "new_run_id", "public_config", "read_metrics", "resolve_wandb_mode",
     "run_id_for", "summary_line",
 ]
 
@@ -189,6 +189,22 @@ def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     return records
 
 
+def keep_metrics(path: Path, keep: Callable[[dict[str, Any]], bool], dropped: str
+                 ) -> list[dict[str, Any]]:
+    """Keep the records of a metrics JSONL for which ``keep`` holds, and no half-written last
+    line; the file is rewritten atomically, only when something goes (``dropped`` says which
+    records, in the warning). Returns the kept records."""
+    text = path.read_text() if path.exists() else ""
+    records = read_metrics(path)
+    kept = [r for r in records if keep(r)]
+    whole_lines = text.endswith("\n") or not text  # else the next line would be glued on
+    if len(kept) != sum(1 for line in text.splitlines() if line.strip()) or not whole_lines:
+        if len(kept) < len(records):
+            log.warning("%s: dropping %d record(s) %s", path, len(records) - len(kept), dropped)
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
+    return kept
+
+
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to a temporary file beside ``path``, fsync it, and rename it into place:
     a reader sees the old file or the new one, never half of one."""
@@ -314,15 +330,9 @@ class RunTracker:
 
     def _keep_history_until(self, resume_step: int | None) -> int | None:
         """Drop the records after ``resume_step`` (all when ``None``); the last kept step."""
-        text = self.metrics_path.read_text() if self.metrics_path.exists() else ""
-        records = read_metrics(self.metrics_path)
-        kept = [r for r in records if resume_step is not None and r["step"] <= resume_step]
-        whole_lines = text.endswith("\n") or not text  # else the next line would be glued on
-        if len(kept) != sum(1 for line in text.splitlines() if line.strip()) or not whole_lines:
-            if len(kept) < len(records):
-                log.warning("%s: dropping %d record(s) after step %s (they will be redone)",
-                            self.metrics_path, len(records) - len(kept), resume_step)
-            write_text_atomic(self.metrics_path, "".join(json.dumps(r) + "\n" for r in kept))
+        kept = keep_metrics(self.metrics_path,
+                            lambda r: resume_step is not None and r["step"] <= resume_step,
+                            f"after step {resume_step} (they will be redone)")
         return kept[-1]["step"] if kept else None
 
     def log(self, step: int, metrics: Mapping[str, Any]) -> None:

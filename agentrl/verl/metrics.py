@@ -38,10 +38,9 @@ from typing import Any
 from agentrl.rollout import EpisodeOutcome, rollout_metrics
 from agentrl.trainers.tracking import (
     METRICS_FILE,
+    keep_metrics,
     metrics_record,
-    read_metrics,
     summary_line,
-    write_text_atomic,
 )
 
 __all__ = ["SPLITS", "EpisodeMetricsLog", "batch_metrics", "episode_outcomes"]
@@ -137,14 +136,9 @@ class EpisodeMetricsLog:
 
     def _drop_from(self, step: int, split: str) -> None:
         """Drop this split's records at ``step`` and after (a resumed run redoes them)."""
-        records = read_metrics(self.path)
-        kept = [r for r in records if r["step"] < step or not _is_split(r, split)]
-        if len(kept) < len(records):
-            log.warning("%s: dropping %d %s record(s) from step %d on (they are redone)",
-                        self.path, len(records) - len(kept), split, step)
-            write_text_atomic(self.path, "".join(json.dumps(r) + "\n" for r in kept))
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        keep_metrics(self.path, lambda r: r["step"] < step or not _is_split(r, split),
+                     f"of {split} from step {step} on (they are redone)")
 
     def _wandb_log(self, step: int, record: Mapping[str, Any]) -> None:
         """Into the step verl logs next (it commits); nothing when WandB has no run here."""
