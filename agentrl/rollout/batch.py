@@ -13,9 +13,23 @@ Shapes (``B`` trajectories, ``P`` = longest prompt, ``R`` = longest response, or
 - ``token_level_rewards`` ``(B, R)``: ``"turn"`` puts each turn's reward on that turn's last
   model token (where verl's GAE picks it up); ``"last"`` puts only the episode's score
   (``Trajectory.score`` if normalized, else ``episode_return``) on the last model token. With
-  ``"turn"`` and a normalized score, the last turn also carries ``score - episode_return``:
-  the turns keep their relative shape and the episode's rewards sum to its normalized score,
-  so normalization acts under both placements.
+  ``"turn"`` and a normalized score, every turn's reward goes through the normalizer's affine
+  map (``Trajectory.score_map``: scale ``a``, shift ``b``, ``score = a * return + b``): turn
+  ``k`` of ``n`` gets ``a * r_k + b / n``. The map keeps the order of the turns, and the
+  episode's rewards sum to its normalized score, so normalization acts the same under both
+  placements (raw and normalized units are never mixed).
+- ``episode_index`` ``(B,)`` and ``group_index`` ``(B,)``: the row's trajectory (its position
+  in ``trajectories``) and its group; advantages run per episode, normalization per group.
+
+**One row per context window.** A reply must be trained on the context it was sampled from.
+When older turns left the model's context (``AgentConfig.history_window``, or the context
+budget; ``Turn.context_start`` records the window of each reply), a trajectory becomes one
+row per window (:func:`context_samples`): a new row starts whenever the window start moves;
+its prompt is the first prompt plus the kept blocks before the row's first reply, its response
+the replies sampled from that window and the observations between them. An episode whose
+context never shrank is one row, exactly the whole trajectory. Every model token is in exactly
+one row, with its sampler log-prob, and the rows of an episode come in order, so advantages
+can run over the whole episode (:mod:`agentrl.trainers.episodes`).
 
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
@@ -23,21 +37,35 @@ either; cutting silently would drop rewards).
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Sequence
 
 import torch
 
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["REWARD_PLACEMENTS", "kept_turns", "to_batch", "token_rewards"]
+__all__ = ["REWARD_PLACEMENTS", "TrainingSample", "context_samples", "kept_turns", "to_batch",
+           "token_rewards"]
 
 REWARD_PLACEMENTS = ("turn", "last")
 
 
 def kept_turns(trajectory: Trajectory, length: int) -> list[tuple[int, float]]:
-    """(last model token, reward) of the turns that end within ``response_ids[:length]``."""
+    """(last model token, reward) of the turns that end within ``response_ids[:length]``
+    (the rewards as :func:`token_rewards` places them under ``"turn"``)."""
+    rewards = turn_rewards(trajectory)
     return [(end, reward) for end, reward in
-            zip(trajectory.turn_end_positions, trajectory.turn_rewards) if end < length]
+            zip(trajectory.turn_end_positions, rewards) if end < length]
+
+
+def turn_rewards(trajectory: Trajectory) -> list[float]:
+    """Each turn's reward, through the normalizer's affine map when the return was normalized:
+    ``a * r_k + b / n`` (see the module docstring)."""
+    if trajectory.score is None:
+        return list(trajectory.turn_rewards)
+    scale, shift = trajectory.score_map or (1.0, trajectory.score - trajectory.episode_return)
+    n = max(1, len(trajectory.turn_rewards))
+    return [scale * reward + shift / n for reward in trajectory.turn_rewards]
 
 
 def token_rewards(trajectory: Trajectory, placement: str, length: int | None = None
@@ -57,12 +85,65 @@ def token_rewards(trajectory: Trajectory, placement: str, length: int | None = N
     if placement == "turn":
         for end, reward in kept:
             rewards[end] += reward
-        if trajectory.score is not None:  # normalized: the last turn carries the difference
-            rewards[last] += trajectory.score - trajectory.episode_return
     else:
         rewards[last] = (sum(reward for _, reward in kept) if trajectory.score is None
                          else trajectory.score)
     return rewards
+
+
+@dataclass(frozen=True)
+class TrainingSample:
+    """One row of the batch: the replies of ``trajectory`` sampled from one context window."""
+
+    trajectory: Trajectory
+    prompt_ids: list[int]
+    """The context of the sample's first reply: the first prompt + the kept blocks before it."""
+    start: int
+    """The response is ``trajectory.response_ids[start:end]``."""
+    end: int
+
+    @property
+    def response_ids(self) -> list[int]:
+        return self.trajectory.response_ids[self.start:self.end]
+
+    @property
+    def response_mask(self) -> list[int]:
+        return self.trajectory.response_mask[self.start:self.end]
+
+    @property
+    def response_logprobs(self) -> list[float]:
+        return self.trajectory.response_logprobs[self.start:self.end]
+
+    def token_rewards(self, placement: str) -> list[float]:
+        """The episode's token rewards (:func:`token_rewards`) on this sample's tokens."""
+        return token_rewards(self.trajectory, placement)[self.start:self.end]
+
+
+def context_samples(trajectory: Trajectory) -> list[TrainingSample]:
+    """The trajectory as one :class:`TrainingSample` per context window (module docstring).
+
+    A row ends after its last reply (and the closing token of a cut reply); the observation
+    after it opens the next row's prompt. Without ``Turn`` records, or when no turn's context
+    was shortened, the one sample is the whole trajectory.
+    """
+    turns, ends = trajectory.turns, trajectory.turn_end_positions
+    if len(turns) != len(ends) or all(turn.context_start == 0 for turn in turns):
+        return [TrainingSample(trajectory, list(trajectory.prompt_ids), 0,
+                               len(trajectory.response_ids))]
+    windows: list[list[int]] = []  # the turns of each window, in order
+    for k, turn in enumerate(turns):
+        if not windows or turns[windows[-1][0]].context_start != turn.context_start:
+            windows.append([])
+        windows[-1].append(k)
+    samples = []
+    for i, window in enumerate(windows):
+        first, last = turns[window[0]], turns[window[-1]]
+        start = ends[window[0]] + 1 - len(first.response_ids)
+        end = (len(trajectory.response_ids) if i == len(windows) - 1
+               else ends[window[-1]] + 1 + int(last.truncated_by_length))
+        prompt = list(trajectory.prompt_ids) + trajectory.response_ids[first.context_start:start]
+        samples.append(TrainingSample(trajectory, prompt, start, end))
+    return samples
 
 
 def to_batch(
@@ -73,14 +154,16 @@ def to_batch(
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
 ) -> dict[str, torch.Tensor]:
-    """Stack ``trajectories`` into verl-layout tensors (see the module docstring)."""
+    """Stack ``trajectories``, one row per context window, into verl-layout tensors (see the
+    module docstring)."""
     if reward_placement not in REWARD_PLACEMENTS:
         raise ValueError(f"unknown reward_placement {reward_placement!r}; "
                          f"allowed: {REWARD_PLACEMENTS}")
     if not trajectories:
         raise ValueError("no trajectories")
-    p_len = max(len(t.prompt_ids) for t in trajectories)
-    r_len = max(len(t.response_ids) for t in trajectories)
+    rows = [(i, sample) for i, t in enumerate(trajectories) for sample in context_samples(t)]
+    p_len = max(len(s.prompt_ids) for _, s in rows)
+    r_len = max(s.end - s.start for _, s in rows)
     if max_prompt_length is not None:
         if p_len > max_prompt_length:
             raise ValueError(f"a prompt has {p_len} tokens > max_prompt_length={max_prompt_length}")
@@ -90,7 +173,7 @@ def to_batch(
             raise ValueError(f"a response has {r_len} tokens > "
                              f"max_response_length={max_response_length}")
         r_len = max_response_length
-    b = len(trajectories)
+    b = len(rows)
     prompts = torch.full((b, p_len), pad_token_id, dtype=torch.long)
     prompt_attn = torch.zeros((b, p_len), dtype=torch.long)
     responses = torch.full((b, r_len), pad_token_id, dtype=torch.long)
@@ -98,18 +181,18 @@ def to_batch(
     response_mask = torch.zeros((b, r_len), dtype=torch.long)
     logprobs = torch.zeros((b, r_len), dtype=torch.float32)
     rewards = torch.zeros((b, r_len), dtype=torch.float32)
-    for i, t in enumerate(trajectories):
-        n_p, n_r = len(t.prompt_ids), len(t.response_ids)
+    for row, (_, s) in enumerate(rows):
+        n_p, n_r = len(s.prompt_ids), s.end - s.start
         if n_p:
-            prompts[i, p_len - n_p:] = torch.tensor(t.prompt_ids, dtype=torch.long)
-            prompt_attn[i, p_len - n_p:] = 1
+            prompts[row, p_len - n_p:] = torch.tensor(s.prompt_ids, dtype=torch.long)
+            prompt_attn[row, p_len - n_p:] = 1
         if n_r:
-            responses[i, :n_r] = torch.tensor(t.response_ids, dtype=torch.long)
-            response_attn[i, :n_r] = 1
-            response_mask[i, :n_r] = torch.tensor(t.response_mask, dtype=torch.long)
-            logprobs[i, :n_r] = torch.tensor(t.response_logprobs, dtype=torch.float32)
-            rewards[i, :n_r] = torch.tensor(token_rewards(t, reward_placement),
-                                            dtype=torch.float32)
+            responses[row, :n_r] = torch.tensor(s.response_ids, dtype=torch.long)
+            response_attn[row, :n_r] = 1
+            response_mask[row, :n_r] = torch.tensor(s.response_mask, dtype=torch.long)
+            logprobs[row, :n_r] = torch.tensor(s.response_logprobs, dtype=torch.float32)
+            rewards[row, :n_r] = torch.tensor(s.token_rewards(reward_placement),
+                                              dtype=torch.float32)
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     return {
@@ -121,4 +204,7 @@ def to_batch(
         "response_mask": response_mask,
         "rollout_log_probs": logprobs,
         "token_level_rewards": rewards,
+        "episode_index": torch.tensor([i for i, _ in rows], dtype=torch.long),
+        "group_index": torch.tensor([trajectories[i].group_index for i, _ in rows],
+                                    dtype=torch.long),
     }

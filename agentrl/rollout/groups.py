@@ -25,7 +25,10 @@ Normalization (:func:`normalize_returns`) of episode returns into ``Trajectory.s
 ``grouping="state"`` normalizes within each group (same preset and seed), ``"batch"`` over all
 trajectories; ``method`` is ``identity`` (score = return), ``mean_std`` ((r - mean) / (std +
 1e-6), all zeros when std < 1e-6, std unbiased as ``torch.std``) or ``asym_clip`` (mean_std
-clipped to [-1, 3], as RAGEN). The format penalty is applied *before* normalization: it is already
+clipped to [-1, 3], as RAGEN). Each trajectory also gets the map as ``score_map = (scale,
+shift)`` with ``score = scale * return + shift`` (mean_std: ``1 / (std + 1e-6)`` and
+``-mean * scale``; a clipped or constant score: scale 0), which ``to_batch`` applies to every
+turn's reward under ``reward_placement: turn``. The format penalty is applied *before* normalization: it is already
 in the episode return, because ``Agent.step`` gives a malformed reply ``format_penalty`` as its
 turn reward, so a malformed reply lowers its episode's score relative to its group.
 """
@@ -159,7 +162,25 @@ def normalize_returns(trajectories: Sequence[Trajectory], grouping: str = "state
         parts = [list(range(len(trajectories)))]
     else:
         parts = list(group_trajectories(trajectories).values())
+    scales = torch.zeros_like(returns)
     for idx in parts:
         if idx:
             scores[idx] = normalize_scores(returns[idx], method)
-    return [dataclasses.replace(t, score=float(s)) for t, s in zip(trajectories, scores)]
+            scales[idx] = _scale(returns[idx], scores[idx], method)
+    return [dataclasses.replace(t, score=float(s), score_map=(float(a), float(s - a * r)))
+            for t, s, a, r in zip(trajectories, scores, scales, returns)]
+
+
+def _scale(returns: torch.Tensor, scores: torch.Tensor, method: str) -> torch.Tensor:
+    """The slope of the normalizer's affine map per return: 1 (identity), ``1 / (std + eps)``
+    (mean_std), 0 where the score does not move with the return (a clipped one, or no spread)."""
+    if method == "identity":
+        return torch.ones_like(returns)
+    std = returns.std() if returns.numel() > 1 else torch.zeros((), dtype=returns.dtype)
+    if std.abs() < EPS:
+        return torch.zeros_like(returns)
+    scale = torch.full_like(returns, float(1.0 / (std + EPS)))
+    if method == "asym_clip":
+        clipped = (scores <= ASYM_CLIP[0]) | (scores >= ASYM_CLIP[1])
+        scale[clipped] = 0.0
+    return scale

@@ -92,6 +92,10 @@ class Trajectory:
     score: float | None = None
     """The normalized episode return (see :func:`agentrl.rollout.groups.normalize_returns`);
     None until normalized. ``to_batch(reward_placement="last")`` uses it when set."""
+    score_map: tuple[float, float] | None = None
+    """The normalizer's affine map ``(scale, shift)``: ``score = scale * episode_return +
+    shift`` (scale 0 where the score is a constant: a clipped score, or a group without
+    spread). ``to_batch(reward_placement="turn")`` maps every turn's reward with it."""
 
     def __post_init__(self):
         n = len(self.response_ids)

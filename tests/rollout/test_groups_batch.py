@@ -128,3 +128,25 @@ def test_metrics_names_and_values():
     assert m["val/p/context_truncated"] == 0.5 and m["val/q/action_is_valid"] == 1.0
     assert m["timing/generate_s"] == 1.0 and m["timing/env_s"] == 0.5
     assert m["timing/tokenize_s"] == 0.25
+
+
+@pytest.mark.parametrize("method", ["identity", "mean_std", "asym_clip"])
+def test_normalized_turn_rewards_are_one_affine_map_of_the_raw_ones(method):
+    # BlocksWorld-like costs: a long failed episode far below its group's mean
+    below = traj(0, -20.0, response=(7, 8, 9, 10, 11, 12, 13), mask=(1, 0, 1, 0, 1, 0, 1),
+                 ends=(0, 2, 4, 6), rewards=[-5.0, -6.0, -4.0, -5.0])
+    group = normalize_returns([below, traj(0, -2.0, rewards=[-1.0, -1.0]),
+                               traj(0, 0.0, rewards=[-1.0, 1.0])], method=method)
+    for t in group:
+        rewards = token_rewards(t, "turn")
+        turns = [rewards[end] for end in t.turn_end_positions]
+        assert sum(rewards) == pytest.approx(sum(turns))
+        assert sum(turns) == pytest.approx(t.score)  # the episode sums to its normalized return
+        for i, raw_i in enumerate(t.turn_rewards):  # one increasing map: the order is kept
+            for j, raw_j in enumerate(t.turn_rewards):
+                if raw_i < raw_j:
+                    assert turns[i] <= turns[j]
+    below_turns = [token_rewards(group[0], "turn")[end] for end in group[0].turn_end_positions]
+    if method != "identity":
+        assert group[0].score < 0
+    assert all(reward <= 0 for reward in below_turns)  # before: the last turn got +13.9

@@ -93,8 +93,9 @@ def test_critic_of_a_lora_actor_trains_its_own_adapters(tiny):
 
 
 def test_turn_placement_sums_to_the_normalized_score():
-    trajectory = dataclasses.replace(two_turn_episode(), score=-0.5)
+    # score = 0.5 * return - 2: every turn gets 0.5 * r - 2 / 2 (one map, the shift shared)
+    trajectory = dataclasses.replace(two_turn_episode(), score=-0.5, score_map=(0.5, -2.0))
     rewards = to_batch([trajectory], pad_token_id=0, reward_placement="turn")["token_level_rewards"][0]
-    assert rewards[1] == 1.0  # the first turn keeps its reward
-    assert rewards[5] == pytest.approx(2.0 - 0.5 - 3.0)  # the last carries score - return
+    assert rewards[1] == pytest.approx(0.5 * 1.0 - 1.0)
+    assert rewards[5] == pytest.approx(0.5 * 2.0 - 1.0)
     assert float(rewards.sum()) == pytest.approx(-0.5)

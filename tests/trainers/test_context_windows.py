@@ -1,0 +1,104 @@
+"""A reply is trained on the context it was sampled from: one training sample per context window.
+
+With ``history_window=1`` the tiny model's replies from turn 3 on were sampled without the
+oldest turns; the trainer's old log-probs must still equal the sampler's on every model token.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+
+import pytest
+import torch
+
+from agentrl.agents import load_agent_presets
+from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.rollout import run_groups, to_batch
+from agentrl.rollout.batch import context_samples
+from agentrl.rollout.records import Trajectory
+from agentrl.trainers import ppo
+from agentrl.trainers.policy import response_logprobs
+
+
+def _windowed_episodes(tiny, history_window: int) -> list[Trajectory]:
+    model, tokenizer = tiny
+    config = dataclasses.replace(load_agent_presets()["simpleSokobanAgent"], max_turns=4,
+                                 max_response_tokens=12, history_window=history_window)
+    llm = BatchingLLM(model, tokenizer, max_batch=4, max_wait_ms=1, seed=3)
+    try:
+        return asyncio.run(run_groups([("windowed", config)], llm, tokenizer,
+                                      SamplingParams(max_new_tokens=12), group_num=1,
+                                      group_size=2, max_context_tokens=4096))
+    finally:
+        llm.close()
+
+
+def test_trainer_logprobs_equal_the_samplers_with_history_window(tiny, one_torch_thread):
+    model, tokenizer = tiny
+    trajectories = _windowed_episodes(tiny, history_window=1)
+    assert all(t.metrics["dropped_turns"] >= 1 for t in trajectories)  # the window did move
+    batch = to_batch(trajectories, pad_token_id=tokenizer.pad_token_id)
+    with torch.no_grad():
+        old, _, _ = response_logprobs(model, batch)
+    mask = batch["response_mask"].bool()
+    gap = (old - batch["rollout_log_probs"]).abs()[mask]
+    assert gap.numel() == sum(sum(t.response_mask) for t in trajectories)
+    assert float(gap.max()) < 1e-4
+
+
+def test_one_sample_per_context_window(tiny, one_torch_thread):
+    trajectory = _windowed_episodes(tiny, history_window=1)[0]
+    samples = context_samples(trajectory)
+    starts = [turn.context_start for turn in trajectory.turns]
+    assert len(samples) == len(dict.fromkeys(starts))  # a new sample when the start moves
+    # every model token is in exactly one sample, with its sampler log-prob
+    assert sum(sum(s.response_mask) for s in samples) == sum(trajectory.response_mask)
+    for sample in samples:
+        context = sample.prompt_ids + sample.response_ids
+        assert context[:len(trajectory.prompt_ids)] == trajectory.prompt_ids
+    # the rewards of all turns are in the samples, each once
+    assert sum(sum(s.token_rewards("turn")) for s in samples) == pytest.approx(
+        trajectory.episode_return)
+
+
+def _episode(rewards_per_sample: list[list[float]]) -> dict[str, torch.Tensor]:
+    """Rows of one episode split into samples: each sample has one 2-token turn per reward."""
+    width = 2 * max(len(r) for r in rewards_per_sample)
+    rows = len(rewards_per_sample)
+    rewards = torch.zeros(rows, width)
+    mask = torch.zeros(rows, width)
+    for row, turn_rewards in enumerate(rewards_per_sample):
+        for k, reward in enumerate(turn_rewards):
+            mask[row, 2 * k: 2 * k + 2] = 1
+            rewards[row, 2 * k + 1] = reward
+    return {"rewards": rewards, "mask": mask}
+
+
+def test_gae_flows_across_the_samples_of_an_episode():
+    """The last turn of a window bootstraps from the next window: the episode is one GAE run."""
+    split = _episode([[1.0], [2.0], [3.0]])
+    values = torch.tensor([[0.5, 0.4], [0.3, 0.2], [0.1, 0.05]])
+    _, returns = ppo.compute_advantages(
+        "gae", split["rewards"], split["mask"], values=values, gamma=1.0, lam=1.0,
+        episode_index=torch.tensor([0, 0, 0]))
+    assert returns[:, 0].tolist() == pytest.approx([6.0, 5.0, 3.0])
+    whole = _episode([[1.0, 2.0, 3.0]])
+    adv_whole, ret_whole = ppo.compute_advantages(
+        "gae", whole["rewards"], whole["mask"], values=values.reshape(1, 6), gamma=0.9, lam=0.8)
+    adv_split, ret_split = ppo.compute_advantages(
+        "gae", split["rewards"], split["mask"], values=values, gamma=0.9, lam=0.8,
+        episode_index=torch.tensor([7, 7, 7]))
+    assert ret_split.reshape(1, 6).tolist() == pytest.approx(ret_whole.tolist(), abs=1e-6)
+    assert adv_split.reshape(1, 6).tolist() == pytest.approx(adv_whole.tolist(), abs=1e-5)
+
+
+def test_grpo_scores_whole_episodes_not_samples():
+    # episode 0 = two samples (rewards 1 and 2), episode 1 = one sample (reward 0); one group
+    split = _episode([[1.0], [2.0], [0.0]])
+    advantages, _ = ppo.compute_advantages(
+        "grpo", split["rewards"], split["mask"], group_index=torch.tensor([0, 0, 0]).numpy(),
+        episode_index=torch.tensor([0, 0, 1]))
+    # scores 3 and 0: the first episode's samples share its positive advantage
+    assert advantages[0, 0] == pytest.approx(advantages[1, 0])
+    assert advantages[0, 0] > 0 > advantages[2, 0]
