@@ -273,7 +273,10 @@ class AlgorithmConfig(Section):
     adv_estimator: Literal["gae", "grpo"] = "gae"
     """gae (with the critic) or grpo (group-relative, no critic; needs train.group_size >= 2)."""
     gamma: float = setting(1.0, unit_interval, "a number in [0, 1]")
-    """Discount per token."""
+    """Discount, in [0, 1], per gamma_unit."""
+    gamma_unit: Literal["token", "turn"] = "token"
+    """token (gamma per generated token, verl's GAE as is) | turn (gamma between turns, 1 within
+    a reply; use it to discount; local engine only)."""
     lam: float = setting(1.0, unit_interval, "a number in [0, 1]")
     """GAE's lambda."""
     use_kl_in_reward: bool = False
@@ -568,6 +571,22 @@ class TrainConfig(Section):
             if value != allowed:
                 raise ValueError(f"{key}={value!r} is not allowed with backend='verl' (the local "
                                  f"engine only); allowed: {allowed!r}")
+        if self.algorithm.gamma_unit == "turn" and self.algorithm.adv_estimator == "gae":
+            raise ValueError("algorithm.gamma_unit='turn' is not allowed with backend='verl': "
+                             "verl computes GAE itself, per token, and its advantage registry "
+                             "gives an estimator no critic values to discount per turn; "
+                             "allowed: 'token' (keep algorithm.gamma: 1.0 there)")
+        windowed = sorted(name for name in dict.fromkeys(self.train.presets + self.val.presets)
+                          if self.agents[name].history_window > 0)
+        if windowed:
+            raise ValueError(f"agents.{windowed[0]}.history_window="
+                             f"{self.agents[windowed[0]].history_window} is not allowed with "
+                             "backend='verl': a reply must be trained on the context it was "
+                             "sampled from, which takes one training row per context window, "
+                             "and verl's legacy trainer takes one row per episode (its V1 "
+                             "trainer's rows would each run GAE alone, cutting the episode's "
+                             "credit at every window); allowed: 0 (all turns; on verl the "
+                             "response budget, not a dropped turn, ends a long episode)")
         v, groups, size = self.verl, self.train.group_num, self.train.group_size
         if v.n_gpus_per_node % v.tensor_model_parallel_size:
             raise ValueError(f"verl.tensor_model_parallel_size={v.tensor_model_parallel_size} is "

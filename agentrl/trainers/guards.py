@@ -5,7 +5,11 @@
 
 Collapse is reported, not acted on: ``guard/echo_rate`` (replies that are mostly one repeated
 pattern, the "echo trap" of RL on small LMs), ``guard/reply_tokens`` (mean tokens per reply)
-and the policy's entropy; each logs a warning past its threshold.
+and the policy's entropy; each logs a warning past its threshold. ``rollout/logprob_gap_mean``
+and ``_max`` compare the sampler's log-probs with the trainer's old log-probs of the same
+tokens (verl logs the same as ``training/rollout_probs_diff_*``): a large gap means the PPO
+ratio no longer measures the update (a reply trained on another context than it was sampled
+from, a dtype or sampling mismatch).
 """
 
 from __future__ import annotations
@@ -18,7 +22,7 @@ import torch
 
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["all_finite", "collapse_metrics", "is_echo", "warn_if_entropy_collapsed"]
+__all__ = ["all_finite", "collapse_metrics", "is_echo", "logprob_gap", "warn_if_entropy_collapsed"]
 
 log = logging.getLogger("agentrl.train")
 
@@ -31,6 +35,11 @@ ECHO_COMPRESSION = 0.12
 """A reply of at least ECHO_MIN_CHARS whose zlib size is under this share of its length is
 mostly one repeated pattern: an echo-trap reply."""
 ECHO_WARN_RATE = 0.5
+LOGPROB_GAP_WARN = 0.5
+"""Largest per-token |sampler log-prob - trainer's old log-prob| (nats) tolerated without a
+warning: a token whose probability the two disagree on by more than a factor e^0.5 ~ 1.65.
+The local engine and trainer agree within ~1e-5 in float32; bf16 sampling on a GPU stays
+well under this."""
 _ZLIB_OVERHEAD = len(zlib.compress(b""))
 
 
@@ -57,6 +66,21 @@ def collapse_metrics(trajectories: Sequence[Trajectory], max_new_tokens: int) ->
 def warn_if_entropy_collapsed(entropy: float | None) -> None:
     if entropy is not None and entropy < ENTROPY_FLOOR:
         log.warning("policy entropy collapsed to %.4f nats", entropy)
+
+
+def logprob_gap(sampler: torch.Tensor, trainer: torch.Tensor, response_mask: torch.Tensor
+                ) -> dict[str, float]:
+    """``rollout/logprob_gap_mean`` and ``_max`` over model tokens; one warning past
+    :data:`LOGPROB_GAP_WARN`."""
+    mask = response_mask.bool()
+    gap = (sampler.float() - trainer.float()).abs()[mask]
+    if gap.numel() == 0:
+        return {}
+    largest = float(gap.max())
+    if largest > LOGPROB_GAP_WARN:
+        log.warning("sampler and trainer log-probs differ by up to %.3f nats on a token "
+                    "(mean %.4f): the PPO ratio is off", largest, float(gap.mean()))
+    return {"rollout/logprob_gap_mean": float(gap.mean()), "rollout/logprob_gap_max": largest}
 
 
 def all_finite(*tensors: torch.Tensor) -> bool:

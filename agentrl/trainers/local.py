@@ -54,7 +54,9 @@ from agentrl.trainers.checkpoint import (
     capture_rng_state, load_checkpoint, restore_rng_state, restore_weights, resume_checkpoint,
     save_checkpoint,
 )
-from agentrl.trainers.guards import all_finite, collapse_metrics, warn_if_entropy_collapsed
+from agentrl.trainers.guards import (
+    all_finite, collapse_metrics, logprob_gap, warn_if_entropy_collapsed,
+)
 from agentrl.trainers.microbatch import micro_rows, pad_responses
 from agentrl.trainers.plots import plot_learning_curves
 from agentrl.trainers.policy import ValueModel, response_logprobs
@@ -274,7 +276,7 @@ class LocalTrainer:
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement)
         metrics["train/kept_trajectories"] = float(len(kept))
-        batch["group_index"] = torch.tensor([t.group_index for t in kept])
+        metrics["train/training_samples"] = float(batch["responses"].shape[0])
         metrics.update(self._update(batch, timer))
         metrics.update(timer.metrics())
         return metrics
@@ -339,6 +341,7 @@ class LocalTrainer:
         metrics: dict[str, float] = {}
         mask = batch["response_mask"].float()
         scored = self._score(batch, timer)
+        metrics.update(logprob_gap(batch["rollout_log_probs"], scored["old"], mask))
         with timer("advantages"):
             rewards = batch["token_level_rewards"].float()
             if algo.use_kl_in_reward:
@@ -348,7 +351,8 @@ class LocalTrainer:
             advantages, returns = ppo.compute_advantages(
                 algo.adv_estimator, rewards, mask, values=scored.get("values"),
                 group_index=batch["group_index"].numpy(), gamma=algo.gamma, lam=algo.lam,
-                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo)
+                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+                episode_index=batch["episode_index"], gamma_unit=algo.gamma_unit)
         if not all_finite(rewards, advantages, returns):
             log.warning("non-finite rewards or advantages: this step's update is skipped")
             metrics["guard/skipped_updates"] = 1.0

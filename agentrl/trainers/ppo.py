@@ -2,7 +2,8 @@
 
     rewards, kl = rewards_with_kl(token_rewards, mask, old_logprobs, ref_logprobs, kl_coef=0.001,
                                   kl_penalty="low_var_kl")
-    advantages, returns = compute_advantages("gae", rewards, mask, values=values, gamma=1.0, lam=1.0)
+    advantages, returns = compute_advantages("gae", rewards, mask, values=values, gamma=1.0, lam=1.0,
+                                             episode_index=batch["episode_index"], gamma_unit="turn")
     size = MiniBatchSize.of(mini_batch_mask)       # what each micro-batch loss is normalized by
     loss, metrics = policy_loss(new_logprobs, old_logprobs, advantages, mask, LossSettings(), size)
 
@@ -10,7 +11,9 @@ Nothing here re-implements an estimator or a loss: advantages come from
 ``core_algos.get_adv_estimator_fn(name)`` (GAE, or GRPO and the other critic-free estimators
 through the same call), the policy loss from ``get_policy_loss_fn(name)`` (low/high clip,
 dual-clip ``clip_ratio_c``), the value loss from ``compute_value_loss`` (clipped), KL from
-``kl_penalty`` and every reduction from ``agg_loss``. This module only adapts arguments.
+``kl_penalty`` and every reduction from ``agg_loss``. This module only adapts arguments; :mod:`agentrl.trainers.episodes` runs them over whole
+episodes (an episode may be several rows, one per context window) and per turn
+(``gamma_unit="turn"``).
 
 Gradient accumulation is exact: each micro-batch's loss is aggregated with the *mini-batch's*
 token and sequence counts (verl's ``global_batch_info``), so the summed micro-batch gradients
@@ -25,6 +28,8 @@ from typing import Any
 import numpy as np
 import torch
 from omegaconf import OmegaConf
+
+from agentrl.trainers import episodes
 
 __all__ = [
     "LossSettings", "MiniBatchSize", "aggregate", "compute_advantages", "entropy_bonus",
@@ -78,23 +83,56 @@ def rewards_with_kl(token_rewards: torch.Tensor, response_mask: torch.Tensor,
     return token_rewards - kl_coef * kl, kl
 
 
+GAMMA_UNITS = ("token", "turn")
+
+
 def compute_advantages(estimator: str, token_rewards: torch.Tensor, response_mask: torch.Tensor, *,
                        values: torch.Tensor | None = None, group_index: np.ndarray | None = None,
                        gamma: float = 1.0, lam: float = 1.0,
-                       norm_adv_by_std_in_grpo: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+                       norm_adv_by_std_in_grpo: bool = True,
+                       episode_index: torch.Tensor | None = None,
+                       gamma_unit: str = "token") -> tuple[torch.Tensor, torch.Tensor]:
     """``(advantages, returns)``, both ``(B, R)``, from the estimator registered as ``estimator``.
 
     GAE needs the critic's ``values``; the outcome estimators (GRPO, RLOO, ...) need
-    ``group_index`` (one id per trajectory; members of a group share it).
+    ``group_index`` (one id per row; the rows of a group share it). ``episode_index`` (one id
+    per row) joins the rows of one episode before estimating (see
+    :mod:`agentrl.trainers.episodes`; default: every row its own episode). ``gamma_unit``:
+    ``"token"`` discounts by ``gamma`` per generated token (verl's GAE as is), ``"turn"`` per
+    turn (GAE only; outcome estimators do not discount).
     """
+    if gamma_unit not in GAMMA_UNITS:
+        raise ValueError(f"unknown gamma_unit {gamma_unit!r}; allowed: {GAMMA_UNITS}")
+    if estimator == "gae" and values is None:
+        raise ValueError("the gae estimator needs the critic's values")
+    if estimator != "gae" and group_index is None:
+        raise ValueError(f"the {estimator} estimator needs group_index")
+    if episode_index is None:
+        rows = [[row] for row in range(token_rewards.shape[0])]
+    else:
+        rows = episodes.rows_by_episode(episode_index)
+    width = token_rewards.shape[1]
+    tensors = [token_rewards, response_mask] + ([values] if values is not None else [])
+    stitched = episodes.stitch(rows, *tensors)
+    groups = None if group_index is None else np.asarray(group_index)[[r[0] for r in rows]]
+    advantages, returns = _estimate(estimator, *stitched[:2],
+                                    values=stitched[2] if values is not None else None,
+                                    group_index=groups, gamma=gamma, lam=lam,
+                                    norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+                                    gamma_unit=gamma_unit)
+    return episodes.unstitch(rows, advantages, width), episodes.unstitch(rows, returns, width)
+
+
+def _estimate(estimator: str, token_rewards: torch.Tensor, response_mask: torch.Tensor, *,
+              values: torch.Tensor | None, group_index: np.ndarray | None, gamma: float,
+              lam: float, norm_adv_by_std_in_grpo: bool, gamma_unit: str
+              ) -> tuple[torch.Tensor, torch.Tensor]:
     fn = _core().get_adv_estimator_fn(estimator)
     if estimator == "gae":
-        if values is None:
-            raise ValueError("the gae estimator needs the critic's values")
+        if gamma_unit == "turn":
+            return episodes.turn_gae(fn, token_rewards, values, response_mask, gamma=gamma, lam=lam)
         return fn(token_level_rewards=token_rewards, values=values, response_mask=response_mask,
                   gamma=gamma, lam=lam)
-    if group_index is None:
-        raise ValueError(f"the {estimator} estimator needs group_index")
     kwargs: dict[str, Any] = {"token_level_rewards": token_rewards, "response_mask": response_mask,
                               "index": group_index}
     if estimator == "grpo":

@@ -237,6 +237,9 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
     ([*GPU, "verl.trainer=v2"], r"verl.trainer='v2' is not allowed; allowed: \['legacy', 'v1'\]"),
     ([*GPU, "verl.overrides=[no_equals_sign]"], r"verl.overrides=.* is not allowed.*'key=value'"),
     ([*GPU, "verl.n_gpus=8"], r"unknown key 'verl.n_gpus'"),
+    ([*GPU, "algorithm.gamma_unit=turn"], r"gamma_unit='turn' is not allowed with backend='verl'"),
+    ([*GPU, "train.presets=[simpleSokobanAgent]", "agents.simpleSokobanAgent.history_window=2"],
+     r"agents.simpleSokobanAgent.history_window=2 is not allowed with backend='verl'.*context"),
 ])
 def test_verl_section_errors_name_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
