@@ -99,3 +99,43 @@ def test_turn_placement_sums_to_the_normalized_score():
     assert rewards[1] == pytest.approx(0.5 * 1.0 - 1.0)
     assert rewards[5] == pytest.approx(0.5 * 2.0 - 1.0)
     assert float(rewards.sum()) == pytest.approx(-0.5)
+
+
+@pytest.mark.parametrize("reply_tokens", [2, 7])
+def test_turn_discount_is_per_turn_whatever_the_reply_length(reply_tokens):
+    """gamma 0.9 per turn: turn 1 is worth 0.9 x turn 2's reward (per token: 0.9 ** tokens)."""
+    reply = [1] * reply_tokens
+    trajectory = Trajectory(
+        preset="p", seed=0, group_index=0, prompt_ids=[11, 12],
+        response_ids=[21] * reply_tokens + [31, 32] + [41] * reply_tokens,
+        response_mask=reply + [0, 0] + reply,
+        response_logprobs=[-1.0] * (2 * reply_tokens + 2),
+        turn_end_positions=[reply_tokens - 1, 2 * reply_tokens + 1], turn_rewards=[0.0, 1.0],
+        success=True, episode_return=1.0, num_turns=2)
+    batch = to_batch([trajectory], pad_token_id=0, reward_placement="turn")
+    mask = batch["response_mask"].float()
+    values = torch.zeros_like(mask)
+    _, per_turn = ppo.compute_advantages("gae", batch["token_level_rewards"], mask, values=values,
+                                         gamma=0.9, lam=1.0, gamma_unit="turn",
+                                         episode_index=batch["episode_index"])
+    model_tokens = per_turn[0, mask[0] == 1].tolist()
+    assert model_tokens == pytest.approx([0.9] * reply_tokens + [1.0] * reply_tokens)
+    _, per_token = ppo.compute_advantages("gae", batch["token_level_rewards"], mask,
+                                          values=values, gamma=0.9, lam=1.0)
+    assert per_token[0, 0] == pytest.approx(0.9 ** (2 * reply_tokens - 1))
+
+
+def test_turn_discount_uses_the_value_before_each_reply():
+    batch = to_batch([two_turn_episode()], pad_token_id=0, reward_placement="turn")
+    mask = batch["response_mask"].float()
+    values = torch.tensor([[0.5, 0.4, 9.0, 9.0, 0.3, 0.2]])
+    advantages, returns = ppo.compute_advantages("gae", batch["token_level_rewards"], mask,
+                                                 values=values, gamma=0.9, lam=0.5,
+                                                 gamma_unit="turn")
+    # turns: r = (1, 2), V = (0.5, 0.3) (the value before each reply's first token)
+    # turn 2: A = 2 - 0.3 = 1.7; turn 1: delta = 1 + 0.9 * 0.3 - 0.5 = 0.77, A = 0.77 + 0.45 * 1.7
+    a2, a1 = 1.7, 0.77 + 0.45 * 1.7
+    assert returns[0, mask[0] == 1].tolist() == pytest.approx([a1 + 0.5] * 2 + [a2 + 0.3] * 2)
+    raw = torch.tensor([a1, a1, a2, a2])
+    assert advantages[0, mask[0] == 1].tolist() == pytest.approx(
+        ((raw - raw.mean()) / raw.std()).tolist(), abs=1e-4)
