@@ -34,7 +34,7 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   first turn) are read once and their rows repeated. The stored rows sit left-padded before the
   new tokens, with the same masking and positions, so a row decodes as it would from scratch.
 - Like vLLM, generation also stops at end-of-sequence: ``eos_token_ids`` (default
-  ``end_of_turn_ids(tokenizer)``) are added to every request's ``stop_token_ids``; pass
+  ``end_of_turn_ids(tokenizer, model.generation_config)``) are added to every request's ``stop_token_ids``; pass
   ``eos_token_ids=()`` to turn that off.
 """
 
@@ -147,7 +147,8 @@ class BatchingLLM:
         max_wait_ms: once a request arrives, how long to wait for more before decoding.
         device: where to run; default the model's device (the model is moved if different).
         seed: seeds the sampling generator (None: a random seed).
-        eos_token_ids: always stop on these; default ``end_of_turn_ids(tokenizer)``.
+        eos_token_ids: always stop on these; default ``end_of_turn_ids(tokenizer,
+            model.generation_config)`` (every end-of-sequence id the model lists).
         prefix_cache_tokens: keys and values of finished requests kept for prompts that extend
             them, in tokens (0 = off; see :mod:`agentrl.engines.prefix_cache`). After changing
             the model's weights, call :meth:`clear_prefix_cache`.
@@ -178,7 +179,7 @@ class BatchingLLM:
         if eos_token_ids is None:
             from agentrl.models.templates import end_of_turn_ids
 
-            eos_token_ids = end_of_turn_ids(tokenizer)
+            eos_token_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.generator = torch.Generator(device=self.device)

@@ -32,7 +32,8 @@ Names, tried in this order:
 Fix-ups applied to every tokenizer: ``pad_token`` is set (eos when missing); for GGUF files the
 eos/pad tokens come from the file's metadata (transformers' GGUF converter labels SmolLM2's
 ``<|im_start|>`` as eos; the file says ``<|im_end|>``); ``clean_up_tokenization_spaces`` is off,
-so decoding never edits spaces.
+so decoding never edits spaces. A model folder's ``generation_config`` keeps every
+end-of-sequence id it lists (after the tokenizer's eos): the engines stop a reply on each.
 """
 
 from __future__ import annotations
@@ -54,7 +55,9 @@ from urllib.parse import urlparse
 
 import torch
 
-from agentrl.models.templates import CHAT_TEMPLATES, apply_chat_template_override, end_of_turn_ids
+from agentrl.models.templates import (
+    CHAT_TEMPLATES, apply_chat_template_override, end_of_turn_ids, generation_eos_ids,
+)
 
 __all__ = [
     "EMBEDDED_GGUF",
@@ -148,7 +151,9 @@ def load_model(
         model, tokenizer = _pretrained(name, torch_dtype)
     if template is not None and apply_chat_template_override(tokenizer, template):
         _grow_embeddings(model, len(tokenizer), seeded=base == "tiny")
-    _sync_special_ids(model, tokenizer)
+    # GGUF-derived generation configs carry the converter's mislabeled eos: not kept
+    from_folder = base not in ("tiny", "embedded") and not str(name).endswith(".gguf")
+    _sync_special_ids(model, tokenizer, keep_generation_eos=from_folder)
     model.to(device=_as_device(device), dtype=torch_dtype)
     model.eval()
     return model, tokenizer
@@ -532,12 +537,20 @@ def _fix_tokenizer(tokenizer: Any) -> Any:
     return tokenizer
 
 
-def _sync_special_ids(model: Any, tokenizer: Any) -> None:
-    """Model and generation config agree with the tokenizer on eos/pad/bos."""
-    for config in (model.config, getattr(model, "generation_config", None)):
+def _sync_special_ids(model: Any, tokenizer: Any, keep_generation_eos: bool = False) -> None:
+    """Model and generation config agree with the tokenizer on eos/pad/bos. With
+    ``keep_generation_eos`` (a model folder's own generation config) the generation config keeps
+    its other end-of-sequence ids after the tokenizer's (Qwen2.5: ``<|im_end|>`` and
+    ``<|endoftext|>``; every one ends a reply)."""
+    generation = getattr(model, "generation_config", None)
+    for config in (model.config, generation):
         if config is None:
             continue
-        config.eos_token_id = tokenizer.eos_token_id
+        eos = tokenizer.eos_token_id
+        if config is generation and keep_generation_eos:
+            listed = [t for t in generation_eos_ids(config) if t != eos]
+            eos = [eos, *listed] if listed else eos
+        config.eos_token_id = eos
         config.pad_token_id = tokenizer.pad_token_id
         if tokenizer.bos_token_id is not None:
             config.bos_token_id = tokenizer.bos_token_id

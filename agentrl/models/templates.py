@@ -94,23 +94,35 @@ def apply_chat_template_override(tokenizer: Any, template: str) -> int:
     )
 
 
-def end_of_turn_ids(tokenizer: Any) -> list[int]:
-    """Token ids that end an assistant turn: the one the chat template writes, then eos.
+def end_of_turn_ids(tokenizer: Any, generation_config: Any = None) -> list[int]:
+    """Token ids that end an assistant turn: the one the chat template writes, then eos, then
+    every end-of-sequence id of the model's ``generation_config``.
 
     The first id is what the template puts right after an assistant message's content
     (``<|im_end|>`` for ChatML, ``<|eot_id|>`` for Llama 3), found by rendering a probe
     conversation, so it is the token to append when a reply was cut off before it. Then
-    ``tokenizer.eos_token_id`` if different. Pass the list as ``SamplingParams.stop_token_ids``.
+    ``tokenizer.eos_token_id`` if different, then :func:`generation_eos_ids` (Qwen2.5 lists
+    ``<|im_end|>`` and ``<|endoftext|>``: a reply ending on either is finished, as vLLM and
+    ``generate`` stop on both). Pass the list as ``SamplingParams.stop_token_ids``.
     """
     ids: list[int] = []
     turn_end = _template_turn_end(tokenizer)
     if turn_end is not None:
         ids.append(turn_end)
-    if tokenizer.eos_token_id is not None and tokenizer.eos_token_id not in ids:
-        ids.append(tokenizer.eos_token_id)
+    for eos in (tokenizer.eos_token_id, *generation_eos_ids(generation_config)):
+        if eos is not None and eos not in ids:
+            ids.append(int(eos))
     if not ids:
         raise ValueError("tokenizer has neither a chat template turn end nor an eos token")
     return ids
+
+
+def generation_eos_ids(generation_config: Any) -> list[int]:
+    """``generation_config.eos_token_id`` as a list (it may be one id, a list, or missing)."""
+    eos = getattr(generation_config, "eos_token_id", None)
+    if eos is None:
+        return []
+    return [int(t) for t in (eos if isinstance(eos, (list, tuple)) else [eos])]
 
 
 def _template_turn_end(tokenizer: Any) -> int | None:

@@ -26,7 +26,10 @@ gets exactly that list:
 
 **Rules.**
 
-- *Reply cut by the length limit* (no end-of-turn id at its end): the rollout appends the
+- *End of a reply*: a reply that ends on any end-of-sequence id (``end_of_turn_ids(tokenizer)``
+  and the ``llm``'s own ``eos_token_ids`` when it has them: the model's generation config,
+  e.g. Qwen2.5's ``<|im_end|>`` and ``<|endoftext|>``) is finished; all of them are stop ids.
+- *Reply cut by the length limit* (no end-of-sequence id at its end): the rollout appends the
   template's end-of-turn token (``end_of_turn_ids(tokenizer)[0]``) with mask 0 and log-prob 0.0,
   so the next observation never glues onto an unfinished reply; counted in
   ``Turn.truncated_by_length`` and ``metrics["truncated_turns"]``. The model is not trained to
@@ -41,15 +44,15 @@ gets exactly that list:
   prompt (system prompt, instructions, rules, initial state) is always kept, and so is the
   newest block (the last reply and the current state). Blocks are dropped as token spans:
   nothing is re-rendered or re-tokenized. The trajectory still stores the whole episode (every
-  token, with its mask), so training sees all turns; the log-probs of a reply generated from a
-  shortened context are those of that context (the trainer recomputes old log-probs on the
-  stored sequence anyway). Counted per episode in ``metrics["dropped_turns"]`` (blocks left
+  token, with its mask), and each reply's ``Turn.context_start`` says which window it was
+  sampled from: the batch (:func:`agentrl.rollout.batch.context_samples`) makes one training
+  row per window, so every reply is trained on the context it was sampled from. Counted per episode in ``metrics["dropped_turns"]`` (blocks left
   out of the context at the end) and ``metrics["context_truncated"]`` (1 when any was). When
   even the first prompt + the newest block + ``max_new_tokens`` do not fit, the episode ends
   there (``metrics["context_exhausted"] = 1``) and the observation that did not fit is not kept. ``AgentConfig.history_window = K`` uses the
   same mechanism: at most the last K blocks are in the context.
 - ``max_new_tokens`` per reply is ``min(sampling.max_new_tokens, config.max_response_tokens)``;
-  the end-of-turn ids are added to ``stop_token_ids``.
+  the end-of-sequence ids are added to ``stop_token_ids``.
 - Environment steps of a game whose ``GameSpec.slow_steps`` is set (TextWorld's interpreter) run
   in a worker thread (``asyncio.to_thread``), so they never hold up other episodes' generation
   requests; the other games step in microseconds, less than the thread hop costs. Resets run
@@ -169,7 +172,9 @@ async def run_episode(
     """
     config = agent.config
     suffix = suffix or ChatSuffix(tokenizer)
-    stop_ids = end_of_turn_ids(tokenizer)
+    # every end-of-sequence id of the template, the tokenizer and the engine ends a reply
+    stop_ids = list(dict.fromkeys([*end_of_turn_ids(tokenizer),
+                                   *(int(t) for t in getattr(llm, "eos_token_ids", ()))]))
     max_new = min(sampling.max_new_tokens, config.max_response_tokens)
     sampling = dataclasses.replace(
         sampling, max_new_tokens=max_new,

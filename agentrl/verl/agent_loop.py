@@ -28,13 +28,20 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   stays on one server and hits its prefix cache). Temperature, top-p, top-k and ``logprobs``
   are verl's (``rollout.*``, or ``rollout.val_kwargs.*`` when validating) and never changed per
   turn, because the actor recomputes log-probs at ``rollout.temperature``; per turn the loop
-  sets only ``max_tokens`` and the end-of-turn ``stop_token_ids``.
+  sets only ``max_tokens`` and the end-of-turn ``stop_token_ids``. A reply ending on any
+  end-of-sequence id (the template's, the tokenizer's, and every ``eos_token_id`` of the
+  model's ``generation_config.json``, on which vLLM also stops: Qwen2.5's ``<|endoftext|>``) is
+  finished, not cut.
 - **Response budget.** verl's tensors are ``rollout.response_length`` wide and count every
   response token, observations included. The budget is ``min(response_length,
   max_context_tokens - first prompt)``: each reply may use what is left of it, and the episode
   ends (like a turn limit) when the next observation plus one reply token would not fit, as
   verl's ``ToolAgentLoop`` does. So the response always fits and the context never overflows
-  (``run_episode``'s drop-oldest-turns rule never fires; ``history_window`` still applies).
+  (``run_episode``'s drop-oldest-turns rule never fires). A task whose preset has
+  ``history_window > 0`` is refused: its replies would be sampled from shortened contexts but
+  trained on the whole episode, one verl row (the local engine trains one row per context
+  window; verl's legacy trainer takes one row per episode, and V1's several rows would each
+  run GAE alone).
   A reply cut by ``max_tokens`` is closed by ``run_episode`` with a mask-0 end-of-turn token.
 - **Rewards.** verl trains on the whole ``rm_scores`` tensor (V1: ``token_level_scores =
   rm_scores``; legacy: ``extract_reward``), so the loop writes it per token: ``"turn"``
@@ -96,7 +103,7 @@ from agentrl.verl.metrics import EpisodeMetricsLog
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
     "GameAgentLoopOutput", "GameAgentLoopWorker", "ResponseBudget", "ServerLLM",
-    "episode_output", "open_episode", "verl_overrides",
+    "episode_output", "generation_config", "open_episode", "verl_overrides",
 ]
 
 """The name rows select the loop by (``agent_name`` column)."""
@@ -157,6 +164,11 @@ class EpisodeTask:
             raise ValueError(f"{AGENT_NAME}: extra_info.reward_placement={placement!r} is not "
                              f"allowed; allowed: {list(REWARD_PLACEMENTS)}")
         config = _agent_config(preset, extra_info["agent_config"])
+        if config.history_window > 0:
+            raise ValueError(f"{AGENT_NAME}: preset {preset!r} has history_window="
+                             f"{config.history_window}; not allowed on verl (a reply must be "
+                             "trained on the context it was sampled from, and verl trains one "
+                             "row per episode); allowed: 0")
         return cls(preset, seed, config, max_context, str(placement))
 
 
@@ -306,6 +318,8 @@ class ServerLLM:
         self.sampling_params = dict(sampling_params)
         self.budget = budget
         self.end_of_turn = frozenset(int(t) for t in end_of_turn)
+        self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in end_of_turn))
+        """What ends a reply (``run_episode`` reads it): a reply ending on one is not cut."""
         self.request_id = request_id
         self.priority = priority
         self.server_fields: dict[str, Any] = {}
@@ -396,6 +410,18 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
 
 
 # -- the loop --------------------------------------------------------------------------------------
+@lru_cache(maxsize=8)
+def generation_config(model_path: str) -> Any:
+    """The model folder's ``generation_config.json`` (vLLM stops on every ``eos_token_id`` it
+    lists, so a reply ending on one is finished), or None when it has none."""
+    from transformers import GenerationConfig
+
+    try:
+        return GenerationConfig.from_pretrained(str(model_path))
+    except (OSError, ValueError):
+        return None
+
+
 @register(AGENT_NAME)
 class GameAgentLoop(AgentLoopBase):
     """Plays one game episode per trajectory (verl makes a new instance for each)."""
@@ -410,7 +436,8 @@ class GameAgentLoop(AgentLoopBase):
             budget = ResponseBudget(self._response_budget(task, len(prompt_ids)))
             deterministic = bool(getattr(rollout, "full_determinism", False))
             llm = ServerLLM(self.server_manager, sampling_params, budget,
-                            end_of_turn_ids(self.tokenizer),
+                            end_of_turn_ids(self.tokenizer, generation_config(
+                                self.config.actor_rollout_ref.model.path)),
                             request_id=f"det-{priority}" if deterministic else uuid.uuid4().hex,
                             priority=int(priority))
             max_new = task.agent_config.max_response_tokens
