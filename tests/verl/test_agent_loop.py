@@ -448,3 +448,33 @@ def test_manager_logs_our_metric_names_for_training_and_padded_validation(
     assert set(train) - {"step", "time"} == set(local)  # the local engine's names, all of them
     assert set(val) - {"step", "time"} == {k.replace("train/", "val/", 1) for k in local
                                            if k.startswith("train/")}
+
+
+def test_a_vllm_reply_ending_on_another_eos_id_is_not_cut(tokenizer, presets, tmp_path):
+    """vLLM stops on every eos id of generation_config.json: such a reply is finished."""
+    from transformers import GenerationConfig
+
+    from agentrl.engines import SamplingParams
+    from agentrl.rollout import run_episode
+    from agentrl.verl.agent_loop import ResponseBudget, ServerLLM, generation_config
+
+    other = tokenizer.convert_tokens_to_ids("<|endoftext|>")
+    GenerationConfig(eos_token_id=[end_of_turn_ids(tokenizer)[0], other]).save_pretrained(tmp_path)
+    assert generation_config(str(tmp_path)).eos_token_id[1] == other
+    config = dataclasses.replace(presets["simpleSokobanAgent"], max_turns=2)
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 0, ["no format", "no format"])
+    server = FakeServerManager(tokenizer).load([game])
+    server.eos = other  # the server ends its replies with the second eos id
+    budget = ResponseBudget(4096)
+    llm = ServerLLM(server, {"temperature": 1.0}, budget,
+                    end_of_turn_ids(tokenizer, generation_config(str(tmp_path))), request_id="r")
+    trajectory = asyncio.run(run_episode(Agent(config), 0, llm, tokenizer,
+                                         SamplingParams(max_new_tokens=64),
+                                         max_context_tokens=8192))
+    first = server.calls[0].token_ids
+    assert first[-1] == other and trajectory.metrics["truncated_turns"] == 0
+    assert trajectory.response_ids[:len(first)] == first
+    observation = trajectory.response_ids[len(first):trajectory.turn_end_positions[1]]
+    assert end_of_turn_ids(tokenizer)[0] not in observation[:1]  # no closing token added
+    # the budget (replies only here: no BudgetedAgent) counted no closing token
+    assert budget.used == sum(len(call.token_ids) for call in server.calls)
