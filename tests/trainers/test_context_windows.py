@@ -102,3 +102,26 @@ def test_grpo_scores_whole_episodes_not_samples():
     # scores 3 and 0: the first episode's samples share its positive advantage
     assert advantages[0, 0] == pytest.approx(advantages[1, 0])
     assert advantages[0, 0] > 0 > advantages[2, 0]
+
+
+@pytest.mark.parametrize("gamma_unit", ["token", "turn"])
+def test_a_training_step_logs_the_logprob_gap_of_windowed_episodes(gamma_unit, tmp_path,
+                                                                    one_torch_thread):
+    from agentrl.config import compose_config
+    from agentrl.trainers.local import LocalTrainer
+
+    overrides = ["model=tiny", "train.presets=[simpleSokobanAgent]", "train.group_num=1",
+                 "train.group_size=2", "rollout.max_new_tokens=8", "threads=1",
+                 "agents.simpleSokobanAgent.history_window=1",
+                 "agents.simpleSokobanAgent.max_turns=3", "algorithm.gamma=0.9",
+                 f"algorithm.gamma_unit={gamma_unit}", "trainer.logger=[]", "trainer.plot=false",
+                 f"run_dir={tmp_path}"]
+    trainer = LocalTrainer(compose_config(overrides))
+    try:
+        metrics = trainer.train_step(1)
+    finally:
+        trainer.close()
+    assert metrics["train/training_samples"] > metrics["train/kept_trajectories"] == 2
+    assert 0 <= metrics["rollout/logprob_gap_max"] < 1e-4
+    assert metrics["rollout/logprob_gap_mean"] <= metrics["rollout/logprob_gap_max"]
+    assert metrics["guard/skipped_updates"] == 0

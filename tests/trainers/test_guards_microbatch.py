@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 
+import pytest
 import torch
 
 from agentrl.rollout import to_batch
@@ -86,3 +87,20 @@ def test_micro_rows_and_padding_keep_per_token_features():
     restored = pad_responses(micro["features"], 3)
     assert restored.shape == (1, 3, 4) and restored[0, 1:].abs().sum() == 0
     assert restored[0, 0].tolist() == batch["features"][1, 0].tolist()
+
+
+def test_logprob_gap_is_measured_on_model_tokens_and_warns_once(caplog):
+    from agentrl.trainers.guards import LOGPROB_GAP_WARN, logprob_gap
+
+    sampler = torch.tensor([[-1.0, -2.0, 0.0], [-0.5, 0.0, 0.0]])
+    trainer = torch.tensor([[-1.1, -2.0, -9.0], [-0.5 - 2 * LOGPROB_GAP_WARN, -7.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 0]])
+    with caplog.at_level("WARNING", logger="agentrl.train"):
+        gap = logprob_gap(sampler, trainer, mask)
+    assert gap["rollout/logprob_gap_max"] == pytest.approx(2 * LOGPROB_GAP_WARN)
+    assert gap["rollout/logprob_gap_mean"] == pytest.approx((0.1 + 0 + 2 * LOGPROB_GAP_WARN) / 3)
+    assert len([r for r in caplog.records if "log-probs differ" in r.getMessage()]) == 1
+    caplog.clear()
+    with caplog.at_level("WARNING", logger="agentrl.train"):
+        logprob_gap(sampler, sampler, mask)
+    assert not caplog.records
