@@ -165,6 +165,12 @@ def test_bad_enum_names_the_allowed_values():
     assert "'std'" in message and "'std_rev'" in message
 
 
+def test_gamma_unit_names_its_allowed_values():
+    assert compose_config(["algorithm.gamma_unit=turn"]).algorithm.gamma_unit == "turn"
+    with pytest.raises(ValueError, match=r"algorithm.gamma_unit='step'.*'token'.*'turn'"):
+        compose_config(["algorithm.gamma_unit=step"])
+
+
 def test_bad_type_from_the_command_line_names_the_key_and_the_value():
     with pytest.raises(ValueError, match=r"^train\.group_num='abc' is not allowed: expected an "
                                          r"integer, got str"):
