@@ -18,12 +18,17 @@ MODES = ["token-mean", "seq-mean-token-sum", "seq-mean-token-mean", "seq-mean-to
 
 
 @pytest.fixture(scope="module")
-def trainers(tmp_path_factory, one_torch_thread):
-    """One trainer per mode: separate critic, entropy bonus and KL loss (every loss term)."""
-    tmp = tmp_path_factory.mktemp("accumulation")
-    return {mode: tiny_trainer(tmp, f"actor.loss_agg_mode={mode}", "actor.entropy_coeff=0.01",
-                               "actor.use_kl_loss=true", "critic.share_backbone=false")
-            for mode in MODES}
+def trainer(tmp_path_factory, one_torch_thread):
+    """Separate critic, entropy bonus and KL loss: every loss term."""
+    return tiny_trainer(tmp_path_factory.mktemp("accumulation"), "actor.entropy_coeff=0.01",
+                        "actor.use_kl_loss=true", "critic.share_backbone=false")
+
+
+def configure(trainer, mode: str, micro_batch_size: int) -> None:
+    actor = dataclasses.replace(trainer.config.actor, loss_agg_mode=mode,
+                                micro_batch_size=micro_batch_size)
+    trainer.config = dataclasses.replace(trainer.config, actor=actor)
+    trainer.loss_settings = dataclasses.replace(trainer.loss_settings, loss_agg_mode=mode)
 
 
 def update_batch(trainer) -> dict[str, torch.Tensor]:
@@ -39,10 +44,9 @@ def update_batch(trainer) -> dict[str, torch.Tensor]:
     return batch
 
 
-def run_epoch(trainer, batch, micro_batch_size: int, role: str):
-    """One epoch of ``role``'s update at this micro-batch size: (gradients, metrics)."""
-    trainer.config = dataclasses.replace(
-        trainer.config, actor=dataclasses.replace(trainer.config.actor, micro_batch_size=micro_batch_size))
+def run_epoch(trainer, batch, mode: str, micro_batch_size: int, role: str):
+    """One epoch of ``role``'s update in ``mode`` at this micro-batch size: (gradients, metrics)."""
+    configure(trainer, mode, micro_batch_size)
     if role == "actor":
         optim, params, micro = trainer.actor_optim, list(trainer.actor.parameters()), trainer._actor_micro
     else:
@@ -60,24 +64,22 @@ def run_epoch(trainer, batch, micro_batch_size: int, role: str):
 
 @pytest.mark.parametrize("role", ["actor", "critic"])
 @pytest.mark.parametrize("mode", MODES)
-def test_micro_batches_give_the_mini_batch_gradient(trainers, mode, role):
-    trainer = trainers[mode]
+def test_micro_batches_give_the_mini_batch_gradient(trainer, mode, role):
     batch = update_batch(trainer)
-    whole, whole_metrics = run_epoch(trainer, batch, 4, role)
-    single, single_metrics = run_epoch(trainer, batch, 1, role)
+    whole, whole_metrics = run_epoch(trainer, batch, mode, 4, role)
+    single, single_metrics = run_epoch(trainer, batch, mode, 1, role)
     assert relative_difference(single, whole) < 1e-5, mode
     for key in ("actor/pg_loss", "actor/entropy", "actor/kl_loss", "critic/vf_loss"):
         if key in whole_metrics:
             assert single_metrics[key] == pytest.approx(whole_metrics[key], rel=1e-5), key
 
 
-def test_loss_metrics_are_the_mini_batch_loss_of_a_seq_mean_mode(trainers):
+def test_loss_metrics_are_the_mini_batch_loss_of_a_seq_mean_mode(trainer):
     """``actor/pg_loss`` and ``actor/entropy`` are the aggregated terms the mode optimizes,
     computed here on the untrimmed mini-batch in one piece, not token-share rescalings."""
     mode = "seq-mean-token-mean"
-    trainer = trainers[mode]
     batch = update_batch(trainer)
-    _, metrics = run_epoch(trainer, batch, 1, "actor")
+    _, metrics = run_epoch(trainer, batch, mode, 1, "actor")
     mask = batch["response_mask"].float()
     size = ppo.MiniBatchSize.of(mask)
     with torch.no_grad():
