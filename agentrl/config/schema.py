@@ -164,7 +164,9 @@ class ModelConfig(Section):
                         "embedded, tiny, tiny-<template>, a local folder or a hub id")
     """What ``agentrl.models.load_model`` loads: embedded|tiny|tiny-llama3|a folder|a hub id."""
     dtype: Literal["float32", "bfloat16", "float16"] = "float32"
-    """Weights' dtype (bfloat16 halves memory on GPUs; CPUs are fastest in float32)."""
+    """Compute dtype. The local trainer keeps float32 weights and runs its forward passes
+    (sampling and training) under bfloat16 autocast; float16 is verl's only (it needs loss
+    scaling). CPUs are fastest in float32."""
     chat_template: str | None = setting(
         None, lambda v: v in _chat_template_names() or "{{" in v or "{%" in v,
         "null (the tokenizer's own), a named template (chatml, llama3) or a Jinja string")
@@ -353,7 +355,10 @@ class CriticConfig(Section):
     grad_clip: float = setting(1.0, positive, "a number > 0")
     """Gradient-norm clip of each update."""
     cliprange_value: float = setting(0.5, positive, "a number > 0")
-    """Clip of the value update around the old values."""
+    """Clip of the value update around the old values (in units of ``value_clip_scale``)."""
+    value_clip_scale: Literal["returns", "absolute"] = "returns"
+    """returns: the clip is ``cliprange_value * max(1, RMS of the step's returns)``, so returns
+    of +-10 move the critic as fast as returns of +-1; absolute: verl's (return units)."""
     share_backbone: bool = False
     """Value head on the actor's backbone (saves a model's memory; the two losses interact)."""
     ppo_epochs: int | None = setting(None, at_least(1), "null or an integer >= 1")
@@ -494,6 +499,10 @@ class TrainConfig(Section):
         self._check_token_budget()
         if self.backend == "verl":
             self._check_verl()
+        elif self.model.dtype == "float16":
+            raise ValueError("model.dtype='float16' is not allowed with backend='local' (float16 "
+                             "training needs loss scaling, which the local trainer does not do); "
+                             "allowed: 'float32' or 'bfloat16' (float32 weights, bf16 autocast)")
 
     @property
     def kept_trajectories(self) -> int:
@@ -565,6 +574,7 @@ class TrainConfig(Section):
             "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
             "rollout.norm_method": (self.rollout.norm_method, "identity"),
             "critic.share_backbone": (self.critic.share_backbone, False),
+            "critic.value_clip_scale": (self.critic.value_clip_scale, "absolute"),
             "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
         }
         for key, (value, allowed) in unsupported.items():

@@ -51,6 +51,7 @@ from typing import Any
 import torch
 
 from agentrl.engines.prefix_cache import PrefixCache
+from agentrl.models.precision import compute_precision
 
 __all__ = ["BatchingLLM", "GenerationStats", "SamplingParams"]
 
@@ -152,6 +153,8 @@ class BatchingLLM:
         prefix_cache_tokens: keys and values of finished requests kept for prompts that extend
             them, in tokens (0 = off; see :mod:`agentrl.engines.prefix_cache`). After changing
             the model's weights, call :meth:`clear_prefix_cache`.
+        compute_dtype: autocast the forward passes to this dtype (``bfloat16``: float32
+            weights, bf16 matmuls, as the local trainer computes); None = the weights' dtype.
     """
 
     def __init__(
@@ -165,6 +168,7 @@ class BatchingLLM:
         seed: int | None = None,
         eos_token_ids: Sequence[int] | None = None,
         prefix_cache_tokens: int = 0,
+        compute_dtype: str | torch.dtype | None = None,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -182,6 +186,7 @@ class BatchingLLM:
             eos_token_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
+        self.compute_dtype = compute_dtype
         self.generator = torch.Generator(device=self.device)
         if seed is None:
             self.generator.seed()
@@ -411,14 +416,15 @@ class BatchingLLM:
 
     def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
         """Logits of the last position, float32, shape [batch, vocab]."""
-        out = self.model(
-            input_ids=input_ids,
-            attention_mask=attention_mask,
-            position_ids=position_ids,
-            past_key_values=cache,
-            use_cache=True,
-            logits_to_keep=1,
-        )
+        with compute_precision(self.device, self.compute_dtype):
+            out = self.model(
+                input_ids=input_ids,
+                attention_mask=attention_mask,
+                position_ids=position_ids,
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
         return out.logits[:, -1, :].float()
 
     def _check(self, prompt: list[int], sampling: SamplingParams) -> None:

@@ -12,11 +12,21 @@ One training step is a short sequence of named stages (each timed as ``timing/<s
 2. ``filter``: in-group std filtering and return normalization, then :func:`to_batch`.
 3. ``old_logprobs`` / ``ref`` / ``values``: the actor's log-probs of the sampled tokens (the PPO
    ratio's denominator), the frozen reference's (only when a KL term is on) and the critic's
-   values, without gradients.
+   values, without gradients. With one epoch over one mini-batch the old log-probs are not
+   computed here: the update's own first pass is at the old weights, and its detached
+   log-probs are the old ones (see :meth:`LocalTrainer._first_pass_is_old`).
 4. ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator).
 5. ``critic`` then ``actor``: ``ppo_epochs`` passes over shuffled mini-batches, each the sum of
    micro-batch gradients (exact accumulation, see :mod:`agentrl.trainers.ppo`), grad-norm
-   clipping, AdamW; the schedulers' linear warm-up advances once per step.
+   clipping, AdamW; the schedulers' linear warm-up advances once per step. A loss metric
+   (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``critic/vf_loss``) is the
+   mini-batch's aggregated term under ``loss_agg_mode``, averaged over the step's mini-batches.
+
+Precision: the weights stay float32; ``model.dtype: bfloat16`` runs the sampler's and the
+trainer's forward passes under autocast (:mod:`agentrl.models.precision`), so AdamW updates
+float32 masters and the sampled and recomputed log-probs come from the same arithmetic.
+``model.gradient_checkpointing`` recomputes each decoder layer's activations in the backward
+pass of the update (:func:`agentrl.trainers.policy.checkpointing`), with dropout still off.
 
 Validation (greedy, held-out seeds and presets) runs before training and every ``test_freq``
 steps; a checkpoint is written every ``save_freq`` steps and at the end; ``resume=auto``
@@ -31,6 +41,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import math
 import random
@@ -48,6 +59,7 @@ from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
+from agentrl.models.precision import compute_precision
 from agentrl.rollout import filter_groups, normalize_returns, rollout_metrics, run_groups, to_batch
 from agentrl.trainers import ppo
 from agentrl.trainers.checkpoint import (
@@ -59,7 +71,7 @@ from agentrl.trainers.guards import (
 )
 from agentrl.trainers.microbatch import micro_rows, pad_responses
 from agentrl.trainers.plots import plot_learning_curves
-from agentrl.trainers.policy import ValueModel, response_logprobs
+from agentrl.trainers.policy import ValueModel, checkpointing, response_logprobs
 from agentrl.trainers.tracking import RunTracker
 
 __all__ = ["LocalTrainer", "RunResult", "StageTimer"]
@@ -112,13 +124,16 @@ class LocalTrainer:
         self.val_presets = dict(config.playing_presets(
             config.val.presets, config.val.max_new_tokens or r.max_new_tokens))
 
+        # float32 master weights; a half ``model.dtype`` is the autocast dtype of every forward
+        self.compute_dtype = None if config.model.dtype == "float32" else config.model.dtype
         self.actor, self.tokenizer = load_model(config.model.name, device=self.device,
-                                                dtype=config.model.dtype,
+                                                dtype="float32",
                                                 chat_template=config.model.chat_template)
         self.pad_token_id = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
         self.ref = None
+        self._first_pass_logprobs: torch.Tensor | None = None  # see _first_pass_is_old
         self._setup_actor()
         self.critic = (ValueModel.from_actor(self.actor, share_backbone=config.critic.share_backbone)
                        if config.algorithm.adv_estimator == "gae" else None)
@@ -131,7 +146,8 @@ class LocalTrainer:
         self.llm = BatchingLLM(self.actor, self.tokenizer, max_batch=config.rollout.max_batch,
                                max_wait_ms=config.rollout.max_wait_ms, device=self.device,
                                seed=config.seed,
-                               prefix_cache_tokens=config.rollout.prefix_cache_tokens)
+                               prefix_cache_tokens=config.rollout.prefix_cache_tokens,
+                               compute_dtype=self.compute_dtype)
         self.loop = asyncio.new_event_loop()
         self.step = 0
         r = config.rollout
@@ -153,8 +169,9 @@ class LocalTrainer:
 
     def _setup_actor(self) -> None:
         config = self.config
-        if config.model.gradient_checkpointing:
-            self.actor.gradient_checkpointing_enable()
+        if config.model.gradient_checkpointing:  # active in the update only: see checkpointing()
+            self.actor.gradient_checkpointing_enable(
+                gradient_checkpointing_kwargs={"use_reentrant": False})
         needs_ref = config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
         if config.lora.rank > 0:
             from peft import LoraConfig, get_peft_model
@@ -292,38 +309,57 @@ class LocalTrainer:
                 on_episode_done=lambda _: bar.update(1)))
 
     @torch.no_grad()
-    def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer) -> dict[str, torch.Tensor]:
-        """Old log-probs, reference log-probs and values over the batch, micro-batch by micro-batch.
-        A critic on the actor's backbone gets its values, and its update's inputs
-        (``critic_features``: the backbone does not change before the critic update), from the
-        old-log-prob pass."""
+    def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer, *,
+               old_logprobs: bool = True) -> dict[str, torch.Tensor]:
+        """Old log-probs (unless ``old_logprobs`` is False: the update's first pass gives them),
+        reference log-probs and values over the batch, micro-batch by micro-batch. A critic on
+        the actor's backbone gets its values, and its update's inputs (``critic_features``: the
+        backbone does not change before the critic update), from the old-log-prob pass."""
         size = self.config.actor.micro_batch_size
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
         temperature = self._temperature()
+        shared = self.critic is not None and self.critic.shared
         for start in range(0, n, size):
             rows = torch.arange(start, min(n, start + size))
             micro = micro_rows(batch, rows)
-            shared = self.critic is not None and self.critic.shared
-            with timer("old_logprobs"):
-                old, _, features = response_logprobs(self.actor, micro, temperature=temperature,
-                                                     with_features=shared)
-                parts["old"].append(pad_responses(old, length))
+            if old_logprobs or shared:
+                with timer("old_logprobs"), self._precision():
+                    old, _, features = response_logprobs(self.actor, micro, temperature=temperature,
+                                                         with_features=shared)
+                    parts["old"].append(pad_responses(old, length))
             if shared:  # the critic reads this pass's features: no second backbone pass
                 with timer("values"):
                     parts["values"].append(pad_responses(self.critic.values_from(features), length))
                     parts["critic_features"].append(pad_responses(features, length))
             if self._needs_ref():
-                with timer("ref"), self._reference() as ref:
+                with timer("ref"), self._reference() as ref, self._precision():
                     parts["ref"].append(pad_responses(response_logprobs(ref, micro, temperature=temperature)[0], length))
             if self.critic is not None and not shared:
-                with timer("values"):
+                with timer("values"), self._precision():
                     parts["values"].append(pad_responses(self.critic(micro), length))
         return {k: torch.cat(v).cpu() for k, v in parts.items()}
+
+    def _first_pass_is_old(self, n: int) -> bool:
+        """Whether the actor's update is one pass over one mini-batch of the ``n`` trajectories.
+        Its forward then runs at the old weights, so that pass's detached log-probs are the old
+        ones (the ratio is exactly 1 there) and a separate no-grad pass would compute them again.
+        Not when the advantages need the old log-probs first (``use_kl_in_reward``), nor with a
+        critic on the actor's backbone: GAE needs its values before the update, and they come
+        from the old-log-prob pass's features."""
+        config = self.config
+        one_mini_batch = (config.actor.ppo_mini_batch_size or n) >= n
+        shared = self.critic is not None and self.critic.shared
+        return (config.actor.ppo_epochs == 1 and one_mini_batch
+                and not config.algorithm.use_kl_in_reward and not shared)
 
     def _temperature(self) -> float:
         t = self.config.rollout.temperature
         return t if t > 0 else 1.0
+
+    def _precision(self):
+        """Autocast to ``model.dtype`` (a no-op in float32): as the sampler computes."""
+        return compute_precision(self.device, self.compute_dtype)
 
     def _needs_ref(self) -> bool:
         return self.config.algorithm.use_kl_in_reward or self.config.actor.use_kl_loss
@@ -336,12 +372,23 @@ class LocalTrainer:
             with self.actor.disable_adapter():
                 yield self.actor
 
+    def _value_clip(self, returns: torch.Tensor, mask: torch.Tensor) -> float:
+        """The value clip of this step: ``critic.cliprange_value``, times the step's return scale
+        (max(1, RMS of the returns over model tokens)) when ``critic.value_clip_scale: returns``,
+        so a critic can follow returns of any size at the same relative pace."""
+        critic = self.config.critic
+        if critic.value_clip_scale == "absolute":
+            return critic.cliprange_value
+        rms = float(((returns ** 2) * mask).sum().div(mask.sum().clamp(min=1)).sqrt())
+        return critic.cliprange_value * max(1.0, rms)
+
     def _update(self, batch: dict[str, torch.Tensor], timer: StageTimer) -> dict[str, float]:
         config, algo = self.config, self.config.algorithm
         metrics: dict[str, float] = {}
         mask = batch["response_mask"].float()
-        scored = self._score(batch, timer)
-        metrics.update(logprob_gap(batch["rollout_log_probs"], scored["old"], mask))
+        n = batch["responses"].shape[0]
+        first_pass_is_old = self._first_pass_is_old(n)
+        scored = self._score(batch, timer, old_logprobs=not first_pass_is_old)
         with timer("advantages"):
             rewards = batch["token_level_rewards"].float()
             if algo.use_kl_in_reward:
@@ -357,8 +404,12 @@ class LocalTrainer:
             log.warning("non-finite rewards or advantages: this step's update is skipped")
             metrics["guard/skipped_updates"] = 1.0
             return metrics
-        batch = {**batch, "old_logprobs": scored["old"], "advantages": advantages,
-                 "returns": returns}
+        batch = {**batch, "advantages": advantages, "returns": returns}
+        if first_pass_is_old:  # filled by the actor's update, row by row
+            batch["row"] = torch.arange(n)
+            self._first_pass_logprobs = torch.zeros_like(mask)
+        else:
+            batch["old_logprobs"] = scored["old"]
         if "ref" in scored:
             batch["ref_logprobs"] = scored["ref"]
         for key in ("values", "critic_features"):
@@ -368,12 +419,13 @@ class LocalTrainer:
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
         skipped = 0
         if self.critic is not None:
+            clip = self._value_clip(returns, mask)
+            metrics["critic/cliprange_value"] = clip
             with timer("critic"):
-                critic_metrics, s = self._epochs(batch, self._critic_micro, self.critic_optim,
-                                                 self.critic.trainable_parameters(),
-                                                 config.critic.grad_clip,
-                                                 config.critic.ppo_epochs or config.actor.ppo_epochs,
-                                                 "critic")
+                critic_metrics, s = self._epochs(
+                    batch, functools.partial(self._critic_micro, cliprange_value=clip),
+                    self.critic_optim, self.critic.trainable_parameters(), config.critic.grad_clip,
+                    config.critic.ppo_epochs or config.actor.ppo_epochs, "critic")
                 metrics.update(critic_metrics)
                 skipped += s
         with timer("actor"):
@@ -382,6 +434,9 @@ class LocalTrainer:
                                             config.actor.grad_clip, config.actor.ppo_epochs, "actor")
             metrics.update(actor_metrics)
             skipped += s
+        if first_pass_is_old:
+            scored["old"] = self._first_pass_logprobs
+        metrics.update(logprob_gap(batch["rollout_log_probs"], scored["old"], mask))
         self.actor_sched.step()
         if self.critic_sched is not None:
             self.critic_sched.step()
@@ -392,7 +447,13 @@ class LocalTrainer:
 
     def _epochs(self, batch, micro_loss, optim, params, grad_clip: float, epochs: int,
                 role: str) -> tuple[dict[str, float], int]:
-        """``epochs`` passes of shuffled mini-batches; returns mean metrics and skipped updates."""
+        """``epochs`` passes of shuffled mini-batches; returns mean metrics and skipped updates.
+
+        ``micro_loss(micro, size)`` returns ``(loss, terms, stats)``: ``terms`` are the
+        micro-batch's parts of its mini-batch's loss terms (summed over the micro-batches, they
+        are the mini-batch's aggregated terms, as accumulation is exact), ``stats`` per-micro-batch
+        statistics (averaged). Terms are averaged over the updated mini-batches.
+        """
         n = batch["responses"].shape[0]
         mini = self.config.actor.ppo_mini_batch_size or n
         micro = self.config.actor.micro_batch_size
@@ -409,13 +470,16 @@ class LocalTrainer:
                     size = ppo.MiniBatchSize.of(batch["response_mask"][rows].float())
                     optim.zero_grad(set_to_none=True)
                     finite = True
+                    terms: dict[str, float] = defaultdict(float)
                     for m in range(0, len(rows), micro):
-                        loss, values = micro_loss(micro_rows(batch, rows[m:m + micro]), size)
+                        loss, micro_terms, stats = micro_loss(micro_rows(batch, rows[m:m + micro]), size)
                         if not torch.isfinite(loss):
                             finite = False
                             break
                         loss.backward()
-                        for key, value in values.items():
+                        for key, value in micro_terms.items():
+                            terms[key] += value
+                        for key, value in stats.items():
                             sums[key] += value
                             counts[key] += 1
                     if finite:
@@ -425,6 +489,9 @@ class LocalTrainer:
                         counts[f"{role}/grad_norm"] += 1
                     if finite:
                         optim.step()
+                        for key, value in terms.items():
+                            sums[key] += value
+                            counts[key] += 1
                     else:
                         log.warning("non-finite %s loss or gradient: update skipped", role)
                         optim.zero_grad(set_to_none=True)
@@ -436,38 +503,47 @@ class LocalTrainer:
         config = self.config.actor
         device = self.device
         mask = micro["response_mask"].to(device).float()
-        logprobs, entropy, _ = response_logprobs(self.actor, micro, temperature=self._temperature(),
-                                              with_entropy=True,
-                                              entropy_grad=config.entropy_coeff != 0)
-        pg_loss, metrics = ppo.policy_loss(logprobs, micro["old_logprobs"].to(device),
-                                           micro["advantages"].to(device), mask,
-                                           self.loss_settings, size)
+        with self._precision(), checkpointing(self.actor):
+            logprobs, entropy, _ = response_logprobs(self.actor, micro,
+                                                     temperature=self._temperature(),
+                                                     with_entropy=True,
+                                                     entropy_grad=config.entropy_coeff != 0)
+        old = micro.get("old_logprobs")
+        if old is None:  # the first pass runs at the old weights: its log-probs are the old ones
+            old = logprobs.detach()
+            width = self._first_pass_logprobs.shape[1]
+            self._first_pass_logprobs[micro["row"]] = pad_responses(old.cpu(), width)
+        pg_loss, stats = ppo.policy_loss(logprobs, old.to(device),
+                                         micro["advantages"].to(device), mask,
+                                         self.loss_settings, size)
         entropy_term = ppo.entropy_bonus(entropy, mask, config.loss_agg_mode, size)
         loss = pg_loss - config.entropy_coeff * entropy_term
-        # metrics: a micro-batch's term is its share of the mini-batch sum; scale back to a mean
-        share = float(mask.sum()) / size.tokens
+        terms = {"actor/pg_loss": float(pg_loss.detach()),
+                 "actor/entropy": float(entropy_term.detach())}
         if config.use_kl_loss:
             kl = ppo.kl_loss(logprobs, micro["ref_logprobs"].to(device), mask,
                              config.kl_loss_type, config.loss_agg_mode, size)
             loss = loss + config.kl_loss_coef * kl
-            metrics["actor/kl_loss"] = float(kl.detach()) / max(share, 1e-9)
-        metrics["actor/pg_loss"] = float(pg_loss.detach()) / max(share, 1e-9)
-        metrics["actor/entropy"] = float(entropy_term.detach()) / max(share, 1e-9)
-        return loss, metrics
+            terms["actor/kl_loss"] = float(kl.detach())
+        return loss, terms, stats
 
-    def _critic_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize):
+    def _critic_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize, *,
+                      cliprange_value: float):
         device = self.device
         mask = micro["response_mask"].to(device).float()
         features = micro.get("critic_features")
-        vpreds = self.critic(micro) if features is None else self.critic.values_from(features.to(device))
+        if features is None:
+            with self._precision(), checkpointing(self.critic):
+                vpreds = self.critic(micro)
+        else:
+            vpreds = self.critic.values_from(features.to(device))
         loss, clipfrac = ppo.value_loss(vpreds, micro["returns"].to(device),
                                         micro["values"].to(device), mask,
-                                        cliprange_value=self.config.critic.cliprange_value,
+                                        cliprange_value=cliprange_value,
                                         mode=self.config.actor.loss_agg_mode, size=size)
-        share = float(mask.sum()) / size.tokens
-        return loss, {"critic/vf_loss": float(loss.detach()) / max(share, 1e-9),
-                      "critic/vf_clipfrac": clipfrac,
-                      "critic/vpred_mean": float((vpreds.detach() * mask).sum() / mask.sum().clamp(min=1))}
+        vpred_mean = float((vpreds.detach() * mask).sum() / mask.sum().clamp(min=1))
+        return loss, {"critic/vf_loss": float(loss.detach())}, {"critic/vf_clipfrac": clipfrac,
+                                                                "critic/vpred_mean": vpred_mean}
 
 
 def _device(name: str) -> torch.device:

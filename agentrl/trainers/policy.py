@@ -18,13 +18,14 @@ logits are never materialised, which is most of the memory of a long multi-turn 
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Any
+from typing import Any, Iterator
 
 import torch
 from torch import nn
 
-__all__ = ["ValueModel", "backbone_of", "response_logprobs"]
+__all__ = ["ValueModel", "backbone_of", "checkpointing", "response_logprobs"]
 
 
 def _model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -67,6 +68,32 @@ def response_logprobs(
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
     features = out.hidden_states[-1][:, -length - 1:-1] if with_features else None
     return logprobs, entropy, features
+
+
+@contextlib.contextmanager
+def checkpointing(model: nn.Module) -> Iterator[None]:
+    """Gradient checkpointing for the forward passes inside, when the model has it enabled
+    (``gradient_checkpointing_enable()``), with the model still in ``eval()`` mode.
+
+    transformers checkpoints a decoder layer only while that layer is in training mode, and the
+    trainer keeps its models in ``eval()`` so that no dropout makes the recomputed log-probs
+    differ from the sampled ones. This flips the ``training`` flag of the checkpointing layers
+    alone: their submodules (attention, dropout, LoRA dropout) stay in eval mode, so the forward
+    computes exactly what it computes without checkpointing, and the backward recomputes each
+    layer's activations instead of keeping them.
+    """
+    from transformers.modeling_layers import GradientCheckpointingLayer
+
+    layers = [m for m in model.modules()
+              if isinstance(m, GradientCheckpointingLayer) and m.gradient_checkpointing]
+    modes = [m.training for m in layers]
+    for layer in layers:
+        layer.training = True
+    try:
+        yield
+    finally:
+        for layer, mode in zip(layers, modes):
+            layer.training = mode
 
 
 def backbone_of(model: Any) -> nn.Module:

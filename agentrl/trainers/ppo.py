@@ -15,9 +15,12 @@ dual-clip ``clip_ratio_c``), the value loss from ``compute_value_loss`` (clipped
 episodes (an episode may be several rows, one per context window) and per turn
 (``gamma_unit="turn"``).
 
-Gradient accumulation is exact: each micro-batch's loss is aggregated with the *mini-batch's*
-token and sequence counts (verl's ``global_batch_info``), so the summed micro-batch gradients
-equal the gradient of the mini-batch loss whatever the micro-batch size.
+Gradient accumulation is exact in every ``loss_agg_mode``: each micro-batch's loss is
+aggregated with the *mini-batch's* token count, sequence count and response width (verl's
+``global_batch_info``: ``batch_num_tokens``, ``global_batch_size``, ``loss_scale_factor``), so
+the summed micro-batch losses are the mini-batch's loss, and their gradients its gradient,
+whatever the micro-batch size (a micro-batch trimmed of shared padding has a narrower mask, which
+``seq-mean-token-sum-norm`` would otherwise divide by).
 """
 
 from __future__ import annotations
@@ -45,18 +48,24 @@ def _core():
 
 @dataclass(frozen=True)
 class MiniBatchSize:
-    """What a micro-batch's loss is normalised by: the tokens and sequences of its mini-batch."""
+    """What a micro-batch's loss is normalised by: the tokens, sequences and response width of
+    its mini-batch (``width``: the horizon ``seq-mean-token-sum-norm`` divides by, verl's
+    ``loss_scale_factor``; by default the mask's width, which trimming a micro-batch changes)."""
 
     tokens: int
     sequences: int
+    width: int
 
     @classmethod
     def of(cls, response_mask: torch.Tensor) -> MiniBatchSize:
+        """The sizes of a mini-batch's ``(B, R)`` mask, as laid out in the step's batch."""
         seqs = int((response_mask.sum(-1) > 0).sum())
-        return cls(tokens=max(1, int(response_mask.sum())), sequences=max(1, seqs))
+        return cls(tokens=max(1, int(response_mask.sum())), sequences=max(1, seqs),
+                   width=max(1, int(response_mask.shape[-1])))
 
     def info(self) -> dict[str, int]:
-        return {"dp_size": 1, "batch_num_tokens": self.tokens, "global_batch_size": self.sequences}
+        return {"dp_size": 1, "batch_num_tokens": self.tokens, "global_batch_size": self.sequences,
+                "loss_scale_factor": self.width}
 
 
 @dataclass(frozen=True)
@@ -174,6 +183,5 @@ def value_loss(vpreds: torch.Tensor, returns: torch.Tensor, old_values: torch.Te
     """Clipped value loss (``0.5 * max((v - R)^2, (clip(v) - R)^2)``, aggregated)."""
     loss, clipfrac = _core().compute_value_loss(
         vpreds=vpreds, returns=returns, values=old_values, response_mask=response_mask,
-        cliprange_value=cliprange_value, loss_agg_mode=mode, dp_size=1,
-        batch_num_tokens=size.tokens, global_batch_size=size.sequences)
+        cliprange_value=cliprange_value, loss_agg_mode=mode, **size.info())
     return loss, float(clipfrac)
