@@ -26,7 +26,7 @@ Normalization (:func:`normalize_returns`) of episode returns into ``Trajectory.s
 trajectories; ``method`` is ``identity`` (score = return), ``mean_std`` ((r - mean) / (std +
 1e-6), all zeros when std < 1e-6, std unbiased as ``torch.std``) or ``asym_clip`` (mean_std
 clipped to [-1, 3], as RAGEN). The format penalty is applied *before* normalization: it is already
-in the episode return, because ``Agent.step`` gives a malformed reply ``format_penalty`` as its
+in the episode return, because ``Agent.step`` gives a malformed reply ``Agent.format_penalty`` as its
 turn reward, so a malformed reply lowers its episode's score relative to its group.
 """
 
