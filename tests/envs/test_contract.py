@@ -19,9 +19,14 @@ def make(game: str, **kwargs):
     return gymnasium.make(env_id(game), **kwargs)
 
 
+SEEDED_KWARGS = {"Bandit": {"preset": "4arms-seeded"}}
+"""Options under which a game's episode depends on the seed: the Bandit's default (learnable)
+preset pays one fixed arm, the same game on every seed."""
+
+
 def play_script(game: str, seed: int, steps: int = 12) -> list:
     """A fixed, seed-determined episode: first valid action each step, as a JSON-able record."""
-    env = make(game)
+    env = make(game, **SEEDED_KWARGS.get(game, {}))
     obs, info = env.reset(seed=seed)
     record = [obs, env.unwrapped.valid_actions(), env.unwrapped.oracle_plan()]
     for _ in range(steps):
