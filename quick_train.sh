@@ -2,7 +2,7 @@
 # Train a model to play the games with PPO, from a fresh machine, in one command.
 #
 #   bash quick_train.sh                         # CPU: the embedded SmolLM2-135M, a few steps
-#   bash quick_train.sh 0 4 4 2 1 "[simpleSokobanAgent]" "[largeSokobanAgent]" 1 agentrl sokoban embedded 20
+#   bash quick_train.sh 0 4 4 32 1 "[simpleSokobanAgent]" "[largeSokobanAgent]" 1 agentrl sokoban embedded 20
 #   bash quick_train.sh 0 2 2 1 1 "[banditAgent]" "[banditAgent]" 1 agentrl smoke tiny 2 trainer.logger=[console]
 #   bash quick_train.sh 8 "" "" "" "" "" "" 8 agentrl quick-gpu qwen_3b    # 8 GPUs: verl, A100 sizes
 #   bash quick_train.sh --dry-run 16 "" "" "" "" "" "" 8                   # 2 nodes: what would run
@@ -11,7 +11,7 @@
 #    1 GPUS              GPUs to use (default: 0 on a machine without CUDA, else 1)
 #    2 GROUP_NUM         training groups per step, each on a new game          (default 2)
 #    3 GROUP_SIZE        episodes per group, all on the group's game           (default 4)
-#    4 VAL_GROUP_NUM     held-out games per validation preset                  (default 2)
+#    4 VAL_GROUP_NUM     held-out games per validation preset                  (default 32)
 #    5 VAL_GROUP_SIZE    episodes per held-out game                            (default 1)
 #    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [quickSokobanAgent])
 #    7 VAL_PRESETS       agent presets to validate on                          (default [quickSokobanAgent])
@@ -47,7 +47,7 @@ DEFAULT_EXPERIMENT=quick
 
 backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own sizes for verl
   if [[ $1 == local ]]; then
-    DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=2 DEFAULT_VAL_GROUP_SIZE=1
+    DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
     DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=4
   else
     DEFAULT_MODEL=qwen_halfb

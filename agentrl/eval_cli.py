@@ -12,8 +12,8 @@ agentrl/envs/splits.py), each GROUP_SIZE times. The model decodes greedily unles
 --temperature is set. --policy oracle / random play without a model: the game's known solution
 and uniformly random legal actions, the bounds a trained model sits between.
 
-Prints a table (success %, mean return, mean turns, valid-action %, format-error %, mean
-response tokens per preset) and writes the same numbers with the seeds and settings as JSON to
+Prints a table (success % with its 95% Wilson interval, mean return, mean turns, valid-action
+%, format-error %, mean response tokens per preset) and writes the same numbers with the seeds and settings as JSON to
 --out (default eval_results.json). --model takes 'embedded', 'tiny', a Hugging Face folder or
 hub id, a training checkpoint folder (its actor/ model is loaded) or a training run folder (its
 newest complete checkpoint). Presets are the names in configs/agents.yaml, or 'all' (TextWorld

@@ -21,6 +21,9 @@ training log and in an eval report mean the same thing.
   (``Agent.step(agent.oracle_response())``), synchronously, and recorded as trajectories
   without tokens. Every policy's trajectories go through the same
   :func:`agentrl.rollout.rollout_metrics`, so the reference rows use the model rows' formulas.
+- **Uncertainty.** Every success rate comes with its 95% Wilson interval
+  (:func:`agentrl.stats.wilson_interval`): the table shows it beside the rate and the JSON row
+  carries ``success_ci95 = [low, high]``. 32 games leave about +-17 points around 50%.
 - **Progress.** A tqdm bar on stderr counts finished episodes, with the success rate so far.
 """
 
@@ -39,6 +42,7 @@ from agentrl.engines import SamplingParams
 from agentrl.envs.splits import split_seeds
 from agentrl.rollout import rollout_metrics, run_groups
 from agentrl.rollout.records import Trajectory, Turn, turn_counts
+from agentrl.stats import wilson_interval
 
 __all__ = ["SCRIPTED_POLICIES", "TABLE_COLUMNS", "EvalResult", "evaluate", "greedy_sampling"]
 
@@ -47,9 +51,10 @@ SCRIPTED_POLICIES = ("oracle", "random")
 DEFAULT_MAX_CONTEXT_TOKENS = 8192
 """SmolLM2's context; the longest preset (11 turns of 400 tokens) fits."""
 
-TABLE_COLUMNS: tuple[tuple[str, str, Callable[[float], str]], ...] = (
+TABLE_COLUMNS: tuple[tuple[str, str, Callable[[Any], str]], ...] = (
     ("episodes", "episodes", lambda v: f"{v:.0f}"),
     ("success", "success %", lambda v: f"{100 * v:.1f}"),
+    ("success_ci95", "95% interval", lambda v: f"{100 * v[0]:.1f}-{100 * v[1]:.1f}"),
     ("return", "mean return", lambda v: f"{v:+.3f}"),
     ("turns", "mean turns", lambda v: f"{v:.2f}"),
     ("action_is_valid", "valid-action %", lambda v: f"{100 * v:.1f}"),
@@ -79,11 +84,15 @@ class EvalResult:
     def presets(self) -> list[str]:
         return list(dict.fromkeys(t.preset for t in self.trajectories))
 
-    def preset_metrics(self, preset: str) -> dict[str, float]:
-        """One preset's metrics without the ``<split>/<preset>/`` prefix, plus ``episodes``."""
+    def preset_metrics(self, preset: str) -> dict[str, Any]:
+        """One preset's metrics without the ``<split>/<preset>/`` prefix, plus ``episodes`` and
+        ``success_ci95`` (the success rate's 95% Wilson interval, ``[low, high]``)."""
         prefix = f"{self.split}/{preset}/"
-        row: dict[str, float] = {"episodes": Counter(t.preset for t in self.trajectories)[preset]}
-        row.update({k[len(prefix):]: v for k, v in self.metrics.items() if k.startswith(prefix)})
+        row: dict[str, Any] = {k[len(prefix):]: v for k, v in self.metrics.items()
+                               if k.startswith(prefix)}
+        episodes = Counter(t.preset for t in self.trajectories)[preset]
+        row["episodes"] = episodes
+        row["success_ci95"] = list(wilson_interval(row["success"] * episodes, episodes))
         return row
 
     def table(self, title: str | None = None):

@@ -27,12 +27,15 @@ def test_oracle_writes_json_rows_and_prints_the_table(tmp_path):
     result = agentrl("eval", "--policy", "oracle", "--presets", *PRESETS, "--groups", "3",
                      "--out", str(out))
     assert result.returncode == 0, result.stderr
-    for text in (*PRESETS, "success %", "valid-action %", f"wrote {out}"):
+    for text in (*PRESETS, "success %", "95% interval", "43.9-100.0",
+                 "valid-action %", f"wrote {out}"):
         assert text in result.stdout
     assert "eval oracle" in result.stderr  # the progress bar
     data = json.loads(out.read_text())
     assert data["policy"] == "oracle" and list(data["presets"]) == list(PRESETS)
     assert all(row["success"] == 1.0 and row["episodes"] == 3 for row in data["presets"].values())
+    assert all(row["success_ci95"] == pytest.approx([0.438503, 1.0], abs=1e-6)
+               for row in data["presets"].values())  # 3 of 3 games: Wilson's 95% interval
     assert data["seeds"] == list(SEED_RANGES["val"][:3])
 
 

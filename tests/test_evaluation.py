@@ -13,6 +13,7 @@ from agentrl.agents import load_agent_presets
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.envs.splits import SEED_RANGES
 from agentrl.evaluation import TABLE_COLUMNS, evaluate
+from agentrl.stats import wilson_interval
 
 PRESETS = load_agent_presets()
 SMALL = ("tetrisType1Agent", "blocksworldTextAgent", "blocksworld1dAgent", "blocksworld2dAgent")
@@ -90,6 +91,21 @@ def test_result_table_and_json():
     text = console.file.getvalue()
     for heading in ["preset"] + [heading for _, heading, _ in TABLE_COLUMNS] + list(SMALL[:2]):
         assert heading in text
+
+
+def test_every_success_rate_comes_with_its_95_percent_interval():
+    result = run(pick(*SMALL[:2]), "random", groups=12)
+    data = json.loads(json.dumps(result.to_dict()))
+    console = Console(file=io.StringIO(), width=200)
+    console.print(result.table())
+    text = console.file.getvalue()
+    assert "95% interval" in text
+    for name, row in data["presets"].items():
+        low, high = row["success_ci95"]
+        assert (low, high) == pytest.approx(wilson_interval(row["success"] * 12, 12))
+        assert low < row["success"] < high or row["success"] in (low, high)
+        assert f"{100 * low:.1f}-{100 * high:.1f}" in text
+        assert result.metrics[f"val/{name}/episodes"] == 12
 
 
 def test_progress_bar_counts_episodes(capsys):

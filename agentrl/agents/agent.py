@@ -11,8 +11,9 @@ An episode, turn by turn:
 1. ``reset(seed)``: the system prompt, then one user message with the preset's instructions,
    the game's ``rules``, the answer format, the limits and the initial state.
 2. ``step(reply)``: the reply is parsed (:mod:`agentrl.agents.parsing`).
-   - Bad format (by the preset's ``answer_format``): reward = ``format_penalty``, no env
-     step, the turn is used up.
+   - Bad format (by the preset's ``answer_format``): reward = ``Agent.format_penalty`` (the
+     preset's number, or with ``auto`` one derived from the game's ``worst_legal_reward``:
+     below any turn of legal actions), no env step, the turn is used up.
    - Good format: at most ``max_actions_per_turn`` actions (the rest are dropped), and no more
      than the actions left of ``max_actions_all_turns``, run in order until the game ends.
      Reward = the sum of the env's rewards for them. Invalid actions are the game's business
@@ -77,7 +78,7 @@ class TurnResult:
     messages: list[dict]
     """New messages for the next turn (one user message); empty when the episode is over."""
     reward: float
-    """Sum of the env rewards of the actions run, or ``format_penalty`` for a bad format."""
+    """Sum of the env rewards of the actions run, or ``Agent.format_penalty`` for a bad format."""
     done: bool
     """The episode is over: game ended, ``max_turns`` replies, or the action budget spent."""
     success: bool
@@ -104,13 +105,15 @@ class Agent:
 
     Attributes: ``config``, ``spec`` (the game's :class:`GameSpec`), ``env`` (the Gymnasium env:
     ``env.unwrapped.oracle_plan()`` and ``valid_actions()`` for scripted policies), and the
-    episode's ``turn``, ``actions_used``, ``done``, ``success``, ``episode_return``.
+    episode's ``turn``, ``actions_used``, ``done``, ``success``, ``episode_return``;
+    ``format_penalty`` is the reward of a malformed reply (``config.format_penalty`` resolved).
     """
 
     def __init__(self, config: AgentConfig):
         self.config = config
         self.spec = GAME_SPECS[config.game]
         self.env = gymnasium.make(env_id(config.game), **config.env_kwargs)
+        self.format_penalty = config.format_penalty_for(self.env.unwrapped.worst_legal_reward)
         self.turn = 0
         self.actions_used = 0
         self.done = True  # until reset
@@ -136,7 +139,7 @@ class Agent:
         return messages
 
     def step(self, response_text: Any) -> TurnResult:
-        """Apply one model reply (any text; a bad one costs ``format_penalty``)."""
+        """Apply one model reply (any text; a bad one costs ``self.format_penalty``)."""
         if self.done:
             raise RuntimeError("the episode is over (or never started): call reset() first")
         config = self.config
@@ -161,7 +164,7 @@ class Agent:
                 break
         self.actions_used += len(run)
         if not parsed.format_ok:
-            reward = config.format_penalty
+            reward = self.format_penalty
         self.episode_return += reward
         self.done = (terminated or truncated or self.turn >= config.max_turns
                      or self.actions_left == 0)
@@ -217,7 +220,7 @@ class Agent:
         return (f"You have {config.max_turns} turns. Each turn you may give up to "
                 f"{config.max_actions_per_turn} actions; the whole game allows "
                 f"{config.max_actions_all_turns}. Actions over these limits are ignored. A reply "
-                f"that breaks the format gets a reward of {config.format_penalty:+.2f} and no "
+                f"that breaks the format gets a reward of {self.format_penalty:+.2f} and no "
                 f"action is taken. Replies are cut off after {config.max_response_tokens} tokens.")
 
     def _state_text(self) -> str:

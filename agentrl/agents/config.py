@@ -35,6 +35,11 @@ DEFAULT_SYSTEM_PROMPT = (
     "You are a careful agent playing a text game. Follow the answer format exactly."
 )
 MAX_SEPARATOR_CHARS = 8
+AUTO = "auto"
+FORMAT_MARGIN = 0.1
+"""How far ``format_penalty: auto`` sits below the worst legal turn (the old flat penalty), so a
+malformed reply is strictly worse than any turn of legal actions, even in a game whose legal
+actions never cost anything (TextWorld, Bandit)."""
 
 
 @dataclass(frozen=True)
@@ -66,8 +71,10 @@ class AgentConfig:
     """Actions run in the whole episode; the episode ends when they are spent."""
     action_separator: str = "||"
     """Text between actions in the answer: 1-8 punctuation characters, no '<', '>' or spaces."""
-    format_penalty: float = -0.1
-    """Reward (<= 0) for a reply that breaks the format; no action is run that turn."""
+    format_penalty: float | str = "auto"
+    """Reward (<= 0) for a reply that breaks the format; no action is run that turn. ``auto``
+    (default): :meth:`format_penalty_for` the game, strictly below the worst turn of legal
+    actions, so breaking the format never pays better than acting."""
     history_window: int = 0
     """Past turns kept in the prompt: 0 = all, K = the last K (instructions always kept)."""
     max_response_tokens: int = 400
@@ -79,7 +86,7 @@ class AgentConfig:
     def __post_init__(self) -> None:
         if isinstance(self.env_kwargs, Mapping):
             object.__setattr__(self, "env_kwargs", dict(self.env_kwargs))  # a private copy
-        if _is_number(self.format_penalty):
+        if _is_number(self.format_penalty):  # "auto" stays a string: the Agent resolves it
             object.__setattr__(self, "format_penalty", float(self.format_penalty))
         for key, (ok, allowed) in RULES.items():
             value = getattr(self, key)
@@ -88,6 +95,22 @@ class AgentConfig:
         if self.answer_format == "plain" and self.enable_think:
             raise ValueError("enable_think=True is not allowed with answer_format='plain'; "
                              "allowed: enable_think=false (a plain reply has no think block)")
+
+    def format_penalty_for(self, worst_legal_reward: float) -> float:
+        """The reward of a malformed reply in a game whose legal actions pay at least
+        ``worst_legal_reward`` each (the env's attribute of that name).
+
+        ``auto`` = ``worst_legal_reward x k - FORMAT_MARGIN`` with ``k = max(max_actions_per_turn,
+        ceil(max_actions_all_turns / max_turns))``: below a full turn of the worst legal actions
+        (``k >= max_actions_per_turn``), and ``max_turns`` malformed replies below spending the
+        whole action budget on them (``max_turns x k >= max_actions_all_turns``). So every turn
+        and every episode of legal play returns more than breaking the format.
+        """
+        if self.format_penalty != AUTO:
+            return self.format_penalty
+        actions = max(self.max_actions_per_turn,
+                      math.ceil(self.max_actions_all_turns / self.max_turns))
+        return min(0.0, worst_legal_reward) * actions - FORMAT_MARGIN
 
 
 def _is_int(value: Any, low: int) -> bool:
@@ -118,8 +141,8 @@ RULES: dict[str, tuple[Any, str]] = {
     "action_separator": (_is_separator,
                          f"1-{MAX_SEPARATOR_CHARS} punctuation characters, no '<', '>', letters, "
                          "digits or spaces (e.g. '||', ';', ',')"),
-    "format_penalty": (lambda v: _is_number(v) and math.isfinite(v) and v <= 0,
-                       "a finite number <= 0"),
+    "format_penalty": (lambda v: v == AUTO or (_is_number(v) and math.isfinite(v) and v <= 0),
+                       f"'{AUTO}' or a finite number <= 0"),
     "history_window": (lambda v: _is_int(v, 0), "an integer >= 0 (0 = all turns)"),
     "max_response_tokens": (lambda v: _is_int(v, 1), "an integer >= 1"),
     "held_out_of": (lambda v: v is None or (isinstance(v, str) and bool(v)),

@@ -8,9 +8,10 @@
 
 Why a game this small exists: it is a sanity check for the whole pipeline (RAGEN ships a
 bandit for the same reason), and it is the task of the learning test, which sets the chance
-level itself: with ``golden_arm`` fixed, a policy that learns pays 1 every episode while a
-random one pays ``1 / len(arms)``; with ``golden_arm`` drawn from the seed (the default) no
-policy can beat chance, since the observation says nothing about which arm pays.
+level itself: with ``golden_arm`` fixed (every preset but ``4arms-seeded``), a policy that
+learns pays 1 every episode while a random one pays ``1 / len(arms)``; with ``golden_arm``
+drawn from the seed (``4arms-seeded``, a control) no policy can beat chance, since the
+observation says nothing about which arm pays.
 """
 
 from __future__ import annotations
@@ -25,9 +26,14 @@ from agentrl.envs.base import (
 )
 
 PRESETS: dict[str, dict] = {
-    "2arms": {"arms": ("A", "B"), "golden_arm": None},
-    "4arms": {"arms": ("A", "B", "C", "D"), "golden_arm": None},
+    "2arms": {"arms": ("A", "B"), "golden_arm": "B"},
+    "4arms": {"arms": ("A", "B", "C", "D"), "golden_arm": "D"},
+    # The control: the seed picks the paying arm and the observation does not say which, so no
+    # policy beats 1 / len(arms).
+    "4arms-seeded": {"arms": ("A", "B", "C", "D"), "golden_arm": None},
 }
+"""The learnable presets pay the last arm: a model's first guess is more often the first one,
+so a learning run starts below chance with greedy decoding and has room to rise."""
 DEFAULT_PRESET = "2arms"
 MAX_ARMS = 200
 """Arms per game: 200 names of at most MAX_ACTION_CHARS still fit in one observation."""
@@ -84,8 +90,8 @@ class BanditEnv(TextGameEnv):
     arm. Invalid text does not end it; it is truncated after ``max_steps`` actions.
 
     ## Arguments
-    - ``preset``: ``"2arms"`` (default: arms A and B) or ``"4arms"`` (A, B, C, D); both draw the
-      golden arm from the seed.
+    - ``preset``: ``"2arms"`` (default: arms A and B, B pays), ``"4arms"`` (A, B, C, D; D
+      pays) or ``"4arms-seeded"`` (A-D, the golden arm drawn from the seed: unlearnable).
     - ``arms``: the arm names, 2-200 distinct non-empty strings (any text: spaces and
       punctuation are fine, e.g. a token's text; at most 256 characters each). Distinct means
       distinct after lower-casing and collapsing whitespace.

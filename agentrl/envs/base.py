@@ -60,6 +60,11 @@ class TextGameEnv(gymnasium.Env):
     metadata = {"render_modes": ["ansi"]}
     rules: str = ""
     """Goal, actions and symbols in a few lines: shown to people and to agents."""
+    worst_legal_reward: float = 0.0
+    """The lowest reward one legal action (one of ``valid_actions()``) can get. The agent layer
+    prices a malformed reply below a whole turn of such actions, so breaking the format never
+    pays better than acting; a game with negative rewards must lower it (the contract test
+    checks it against random legal play)."""
 
     def __init__(self, max_steps: int = 100, render_mode: str | None = "ansi"):
         if not isinstance(max_steps, int) or max_steps < 1:

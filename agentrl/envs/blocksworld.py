@@ -193,6 +193,7 @@ class BlocksWorldEnv(TextGameEnv):
     - v0: first version.
     """
 
+    worst_legal_reward = MOVE_PENALTY  # illegal (-1) and unparseable (-5) text is not legal
     rules = (
         "BlocksWorld: rearrange the numbered blocks until they match the goal state.\n"
         "Action: 'move X to Y' puts block X on block Y, or on the table when Y is 0. Only a "

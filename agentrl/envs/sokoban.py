@@ -303,6 +303,10 @@ class SokobanEnv(TextGameEnv):
         default_steps = int(1.7 * sum(self.dim_room))
         self.num_gen_steps = (default_steps if steps is None
                               else checked_int("Sokoban", "num_gen_steps", steps, 1))
+        # One box on its target ends the game, so only with two boxes or more can a push take a
+        # box off a target (-1 on top of the step).
+        self.worst_legal_reward = STEP_PENALTY + (BOX_OFF_TARGET_PENALTY if self.num_boxes > 1
+                                                  else 0.0)
         self.fixed_board: str | None = None
         self.level: Level | None = None
         self.state: State | None = None

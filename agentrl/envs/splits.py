@@ -70,4 +70,5 @@ VARIANTS: tuple[Variant, ...] = (
     Variant("TextWorld", "hard", True, "larger world, longest quest"),
     Variant("Bandit", "2arms", False),
     Variant("Bandit", "4arms", False),  # a sanity check: no harder twin to hold out
+    Variant("Bandit", "4arms-seeded", False),  # the control: no policy beats chance
 )

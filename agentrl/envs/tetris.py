@@ -267,6 +267,7 @@ class TetrisEnv(TextGameEnv):
     - v0: first version.
     """
 
+    worst_legal_reward = STEP_PENALTY
     rules = (
         "Tetris: steer each falling piece so that the pieces fill one whole row; a full row "
         "clears and wins.\n"

@@ -29,7 +29,7 @@ clipped to [-1, 3], as RAGEN). Each trajectory also gets the map as ``score_map 
 shift)`` with ``score = scale * return + shift`` (mean_std: ``1 / (std + 1e-6)`` and
 ``-mean * scale``; a clipped or constant score: scale 0), which ``to_batch`` applies to every
 turn's reward under ``reward_placement: turn``. The format penalty is applied *before* normalization: it is already
-in the episode return, because ``Agent.step`` gives a malformed reply ``format_penalty`` as its
+in the episode return, because ``Agent.step`` gives a malformed reply ``Agent.format_penalty`` as its
 turn reward, so a malformed reply lowers its episode's score relative to its group.
 """
 

@@ -5,7 +5,8 @@
 
 Per preset (means over that preset's episodes unless said otherwise):
 
-- ``success`` (rate), ``return`` (episode return, format penalties included), ``turns``,
+- ``episodes`` (count: with ``success`` it gives the rate's confidence interval, see
+  :mod:`agentrl.stats`), ``success`` (rate), ``return`` (episode return, format penalties included), ``turns``,
   ``num_actions`` (actions run per episode), ``response_length`` (model tokens per episode),
   ``truncated_turns`` (replies cut by the length limit, per episode), ``dropped_turns`` (turns
   left out of the context by the budget or the history window, per episode),
@@ -53,6 +54,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory | EpisodeOutcome], split: 
         actions = sum(m("num_actions"))
         turns = sum(t.num_turns for t in ts)
         out.update({
+            f"{p}/episodes": float(len(ts)),
             f"{p}/success": _mean([float(t.success) for t in ts]),
             f"{p}/return": _mean([t.episode_return for t in ts]),
             f"{p}/turns": _mean([float(t.num_turns) for t in ts]),

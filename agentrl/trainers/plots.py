@@ -5,7 +5,9 @@
 Panels, each drawn only when the run logged one of its keys:
 
 - train success per preset (``train/<preset>/success``), validation success per preset
-  (``val/<preset>/success``, at the steps validation ran);
+  (``val/<preset>/success``, at the steps validation ran) with its 95% Wilson interval as a
+  band (from ``val/<preset>/episodes``: 32 games leave about +-17 points around 50%, so two
+  points of a curve closer than the band are not told apart);
 - loss (``actor/pg_loss``, ``critic/vf_loss``), KL (``actor/kl``, ``actor/ppo_kl``,
   ``actor/kl_loss``), entropy (``actor/entropy``).
 
@@ -24,12 +26,16 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
+from agentrl.stats import wilson_interval
 from agentrl.trainers.tracking import matching_keys, read_metrics
 
-__all__ = ["PANELS", "plot_learning_curves"]
+__all__ = ["PANELS", "plot_learning_curves", "success_band"]
 
 # (title, key patterns, per preset): per-preset panels are success rates in [0, 1], one line per
 # preset labelled by its name; the others have one line per key.
+BAND_PANELS = ("validation success",)
+"""Per-preset panels drawn with the success rate's 95% interval as a band."""
+BAND_ALPHA = 0.2
 PANELS = (
     ("train success", ("train/*/success",), True),
     ("validation success", ("val/*/success",), True),
@@ -60,8 +66,13 @@ def plot_learning_curves(metrics_jsonl: str | Path, out_png: str | Path, *,
         axes = figure.add_subplot(rows, columns, index + 1)
         for key in panel_keys:
             steps, values = _series(records, key)
-            axes.plot(steps, values, marker="." if len(steps) < 50 else None,
-                      label=key.split("/")[1] if per_preset else key)
+            line, = axes.plot(steps, values, marker="." if len(steps) < 50 else None,
+                              label=key.split("/")[1] if per_preset else key)
+            if name in BAND_PANELS:
+                band_steps, low, high = success_band(records, key)
+                if band_steps:
+                    axes.fill_between(band_steps, low, high, color=line.get_color(),
+                                      alpha=BAND_ALPHA, linewidth=0)
         axes.set_title(name)
         axes.set_xlabel("step")
         axes.grid(alpha=0.3)
@@ -70,6 +81,23 @@ def plot_learning_curves(metrics_jsonl: str | Path, out_png: str | Path, *,
         if per_preset or len(panel_keys) > 1:
             axes.legend(fontsize="small")
     return _save(figure, Path(out_png))
+
+
+def success_band(records: list[dict[str, Any]], success_key: str
+                 ) -> tuple[list[int], list[float], list[float]]:
+    """Steps, lower and upper 95% Wilson bounds of a ``<split>/<preset>/success`` series, at
+    the steps that also logged ``<split>/<preset>/episodes`` (older runs did not)."""
+    episodes_key = success_key.rsplit("/", 1)[0] + "/episodes"
+    steps, low, high = [], [], []
+    for record in records:
+        rate, count = record.get(success_key), record.get(episodes_key)
+        if rate is None or not count:
+            continue
+        bounds = wilson_interval(rate * count, int(count))
+        steps.append(record["step"])
+        low.append(bounds[0])
+        high.append(bounds[1])
+    return steps, low, high
 
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:

@@ -37,7 +37,8 @@ def test_the_file_has_the_anchor_presets():
     assert expected <= set(PRESETS)
     simple = PRESETS["simpleSokobanAgent"]  # GRL's numbers
     assert (simple.max_turns, simple.max_actions_per_turn, simple.max_actions_all_turns,
-            simple.action_separator, simple.format_penalty) == (6, 5, 10, "||", -0.1)
+            simple.action_separator) == (6, 5, 10, "||")
+    assert simple.format_penalty == "auto"  # GRL's -0.1 paid better than acting (TRAINING.md)
     assert simple.env_kwargs == {"preset": "6x6"}
 
 
@@ -98,6 +99,7 @@ def test_unknown_key_in_the_defaults_block(tmp_path):
     ("enable_think", "yes", "true or false"),
     ("format_penalty", 0.5, "a finite number <= 0"),
     ("format_penalty", ".nan", "a finite number <= 0"),
+    ("format_penalty", "cheap", "'auto' or a finite number <= 0"),
     ("action_separator", "", "punctuation"),
     ("action_separator", " ", "punctuation"),
     ("action_separator", "and", "punctuation"),
@@ -188,3 +190,21 @@ def test_hydra_composes_the_file(tmp_path):
     assert presets["simpleSokobanAgent"].max_turns == 3
     assert presets["blocksworldTextAgent"].max_turns == 11  # its own key beats the defaults
     assert presets["largeSokobanAgent"].max_turns == 4
+
+
+@pytest.mark.parametrize("limits, worst, expected", [
+    ((6, 5, 10), -0.1, -0.6),     # Sokoban 6x6: a turn of 5 wasted moves is -0.5
+    ((6, 5, 10), -1.1, -5.6),     # two boxes: a push can take a box off its target
+    ((11, 5, 20), -1.0, -5.1),    # BlocksWorld: 5 legal moves a turn
+    ((2, 1, 10), -0.1, -0.6),     # 2 turns for 10 actions: a malformed turn stands for 5
+    ((1, 1, 1), 0.0, -0.1),       # Bandit, TextWorld: moves cost nothing, the margin stays
+])
+def test_auto_format_penalty_sits_below_the_worst_legal_turn(limits, worst, expected):
+    turns, per_turn, in_all = limits
+    config = AgentConfig(game="Sokoban", max_turns=turns, max_actions_per_turn=per_turn,
+                         max_actions_all_turns=in_all)
+    assert config.format_penalty == "auto"
+    assert config.format_penalty_for(worst) == pytest.approx(expected)
+    assert turns * config.format_penalty_for(worst) < in_all * worst  # the episode bound
+    explicit = AgentConfig(game="Sokoban", format_penalty=-0.3)
+    assert explicit.format_penalty_for(worst) == -0.3  # a number is used as given

@@ -53,7 +53,7 @@ def test_junk_is_invalid_and_does_not_end_the_game(junk):
 
 
 def test_seed_picks_the_golden_arm_reproducibly_and_uniformly():
-    env = make(preset="4arms")
+    env = make(preset="4arms-seeded")
     draws = []
     for seed in range(400):
         env.reset(seed=seed)
@@ -63,6 +63,17 @@ def test_seed_picks_the_golden_arm_reproducibly_and_uniformly():
     counts = Counter(draws)
     assert set(counts) == set(env.arms)
     assert all(60 <= count <= 140 for count in counts.values()), counts  # 100 expected each
+
+
+@pytest.mark.parametrize("preset", ["2arms", "4arms"])
+def test_learnable_presets_pay_one_arm_on_every_seed(preset):
+    """A sanity check must be learnable: the same arm pays whatever the seed."""
+    env = make(preset=preset)
+    golden = set()
+    for seed in range(50):
+        env.reset(seed=seed)
+        golden.add(env.golden_arm)
+    assert golden == {env.arms[-1]}
 
 
 def test_a_fixed_golden_arm_ignores_the_seed():

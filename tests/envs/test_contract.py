@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import gymnasium
+import numpy as np
 import pytest
 
 import agentrl  # noqa: F401  (registers the games)
@@ -18,9 +19,14 @@ def make(game: str, **kwargs):
     return gymnasium.make(env_id(game), **kwargs)
 
 
+SEEDED_KWARGS = {"Bandit": {"preset": "4arms-seeded"}}
+"""Options under which a game's episode depends on the seed: the Bandit's default (learnable)
+preset pays one fixed arm, the same game on every seed."""
+
+
 def play_script(game: str, seed: int, steps: int = 12) -> list:
     """A fixed, seed-determined episode: first valid action each step, as a JSON-able record."""
-    env = make(game)
+    env = make(game, **SEEDED_KWARGS.get(game, {}))
     obs, info = env.reset(seed=seed)
     record = [obs, env.unwrapped.valid_actions(), env.unwrapped.oracle_plan()]
     for _ in range(steps):
@@ -114,3 +120,35 @@ def test_bad_options_fail_with_a_message_naming_them(game):
         make(game, preset="no-such-preset")
     with pytest.raises(ValueError, match="max_steps"):
         make(game, max_steps=0)
+
+
+def game_presets() -> list[tuple[str, str]]:
+    """(game, preset) for every preset of every registered game's ``PRESETS`` table."""
+    pairs = []
+    for game in GAMES:
+        module = sys.modules[type(make(game).unwrapped).__module__]
+        pairs += [(game, preset) for preset in getattr(module, "PRESETS", {None: None})]
+    return pairs
+
+
+@pytest.mark.parametrize("game, preset", game_presets())
+def test_no_legal_action_pays_less_than_worst_legal_reward(game, preset):
+    """``worst_legal_reward`` bounds every legal step: the agent layer's format penalty is
+    derived from it, so a game paying less would let a malformed reply beat acting."""
+    env = make(game) if preset is None else make(game, preset=preset)
+    floor = env.unwrapped.worst_legal_reward
+    rng = np.random.default_rng(0)
+    seeds = SEEDS if game == "TextWorld" else range(40)  # TextWorld games take ~1 s to make
+    lowest = 0.0
+    for seed in seeds:
+        env.reset(seed=seed)
+        for _ in range(60):
+            legal = env.unwrapped.valid_actions()
+            if not legal:
+                break
+            _, reward, terminated, truncated, _ = env.step(legal[rng.integers(len(legal))])
+            lowest = min(lowest, reward)
+            if terminated or truncated:
+                break
+    assert floor <= lowest, f"{game} {preset}: a legal action paid {lowest} < {floor}"
+    assert floor <= 0.0

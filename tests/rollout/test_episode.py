@@ -93,7 +93,7 @@ def test_length_cut_turn_is_closed_with_masked_end_of_turn(tokenizer):
     assert traj.response_mask[eot_pos] == 0 and traj.response_logprobs[eot_pos] == 0.0
     assert traj.turn_end_positions[0] == eot_pos - 1  # the reward sits on a model token
     assert traj.metrics["truncated_turns"] == 1
-    assert traj.turn_rewards[0] == SOKOBAN.format_penalty
+    assert traj.turn_rewards[0] == Agent(SOKOBAN).format_penalty
     # the observation follows the closing token, as the template writes it after a turn
     assert list(traj.response_ids[eot_pos + 1: eot_pos + 1 + len(traj.turns[1].prompt_ids)]) \
         == list(traj.turns[1].prompt_ids)
@@ -164,7 +164,7 @@ def test_context_exhausted_ends_episode_without_dangling_observation(chatml_toke
 def test_turn_rewards_land_on_turn_ends_in_batch(tokenizer):
     llm = FakeLLM(tokenizer, lambda ids, call: game_reply("Sokoban") if call else "junk")
     traj = play(SOKOBAN, tokenizer, llm)
-    assert traj.turn_rewards[0] == SOKOBAN.format_penalty
+    assert traj.turn_rewards[0] == Agent(SOKOBAN).format_penalty
     batch = to_batch([traj], pad_token_id=0, reward_placement="turn")
     rewards = batch["token_level_rewards"][0]
     for pos, reward in zip(traj.turn_end_positions, traj.turn_rewards):

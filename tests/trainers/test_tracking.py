@@ -218,3 +218,25 @@ def test_learning_curves_png_from_a_run(tmp_path):
     assert images[0].shape[1] > images[1].shape[1]  # five panels are wider than one
     assert images[0].std() > 0 and images[1].std() > 0  # something was drawn
     assert sorted(p.name for p in tmp_path.glob("*.png")) == ["curves.png", "none.png"]
+
+
+def test_validation_success_has_a_95_percent_band(tmp_path):
+    import matplotlib.image
+
+    from agentrl.stats import wilson_interval
+    from agentrl.trainers.plots import success_band
+
+    lines = [{"step": s, "val/sokoban/success": s / 8} for s in (0, 4, 8)]
+    plain = tmp_path / "plain.jsonl"
+    plain.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    banded = tmp_path / "banded.jsonl"
+    banded.write_text("".join(json.dumps({**r, "val/sokoban/episodes": 32}) + "\n"
+                              for r in lines))
+    steps, low, high = success_band(read_metrics(banded), "val/sokoban/success")
+    assert steps == [0, 4, 8]
+    assert list(zip(low, high)) == [wilson_interval(32 * s / 8, 32) for s in steps]
+    assert success_band(read_metrics(plain), "val/sokoban/success") == ([], [], [])
+    images = [matplotlib.image.imread(plot_learning_curves(path, tmp_path / f"{path.stem}.png"))
+              for path in (plain, banded)]
+    assert images[0].shape == images[1].shape
+    assert (images[0] != images[1]).any(axis=-1).mean() > 0.01  # the band is drawn

@@ -264,7 +264,7 @@ def test_budget_ends_the_episode_before_an_observation_overflows(workers, fake, 
                  budget - 1]
     expected = [0.0] * budget
     expected[turn_ends[0]], expected[turn_ends[1]] = game.rewards[0], game.rewards[1]
-    expected[turn_ends[2]] = config.format_penalty  # the cut reply has no </answer>
+    expected[turn_ends[2]] = Agent(config).format_penalty  # the cut reply has no </answer>
     assert sample.rm_scores == pytest.approx(expected)
     (info,) = result.non_tensor["agentrl_episode"]
     assert info["metrics"]["context_exhausted"] == 1.0 and info["num_turns"] == 3
@@ -285,7 +285,7 @@ def test_a_cut_reply_is_closed_by_a_mask_0_token(workers, fake, tmp_path, tokeni
     assert sample.response[:9] == first + [eos] and sample.mask[:9] == [1] * 8 + [0]
     assert sample.logprobs[8] == 0.0
     assert sample.response[9:9 + len(game.observations[0])] == game.observations[0]
-    assert sample.rm_scores[7] == pytest.approx(config.format_penalty)  # on the last sampled token
+    assert sample.rm_scores[7] == pytest.approx(Agent(config).format_penalty)  # last sampled
     assert sample.rm_scores[8] == 0.0
 
 
