@@ -17,6 +17,13 @@ Shapes (``B`` trajectories, ``P`` = longest prompt, ``R`` = longest response, or
   the turns keep their relative shape and the episode's rewards sum to its normalized score,
   so normalization acts under both placements.
 
+- ``constraint_kind`` ``(B, R)`` and ``constraint_ids`` ``(B, R, K)``, only when a trajectory
+  was decoded under constraints (``Trajectory.response_token_masks``): per response token,
+  ``1`` = only ``constraint_ids`` could be chosen, ``0`` = all but them, ``-1`` = free; ids are
+  padded with ``-1`` to the largest mask ``K``. The trainer's log-prob recompute applies them
+  (:func:`agentrl.trainers.policy.response_logprobs`), so it describes the distribution the
+  sampler drew from.
+
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
 """
@@ -29,7 +36,7 @@ import torch
 
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["REWARD_PLACEMENTS", "kept_turns", "to_batch", "token_rewards"]
+__all__ = ["REWARD_PLACEMENTS", "constraint_tensors", "kept_turns", "to_batch", "token_rewards"]
 
 REWARD_PLACEMENTS = ("turn", "last")
 
@@ -63,6 +70,24 @@ def token_rewards(trajectory: Trajectory, placement: str, length: int | None = N
         rewards[last] = (sum(reward for _, reward in kept) if trajectory.score is None
                          else trajectory.score)
     return rewards
+
+
+def constraint_tensors(trajectories: Sequence[Trajectory], length: int
+                       ) -> dict[str, torch.Tensor]:
+    """``constraint_kind`` and ``constraint_ids`` (see the module docstring); empty when no
+    trajectory was constrained."""
+    if all(t.response_token_masks is None for t in trajectories):
+        return {}
+    widest = max((len(m.ids) for t in trajectories for m in t.response_token_masks or ()
+                  if m is not None), default=1)
+    kind = torch.full((len(trajectories), length), -1, dtype=torch.long)
+    ids = torch.full((len(trajectories), length, max(1, widest)), -1, dtype=torch.long)
+    for row, trajectory in enumerate(trajectories):
+        for column, mask in enumerate(trajectory.response_token_masks or ()):
+            if mask is not None:
+                kind[row, column] = int(mask.allow)
+                ids[row, column, :len(mask.ids)] = mask.index
+    return {"constraint_kind": kind, "constraint_ids": ids}
 
 
 def to_batch(
@@ -112,7 +137,9 @@ def to_batch(
                                             dtype=torch.float32)
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    constraints = constraint_tensors(trajectories, r_len)
     return {
+        **constraints,
         "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),
