@@ -116,6 +116,9 @@ class GenerationStats:
     """Wall time inside the decode loop (prefill + decode), summed over batches."""
     prefill_seconds: float = 0.0
     """The part of generation_seconds spent on the prompts' forward pass."""
+    constraint_seconds: float = 0.0
+    """The part of generation_seconds spent building and applying constrained rows' token
+    masks (:mod:`agentrl.engines.constrained`)."""
     max_batch_size: int = 0
 
     @property
@@ -353,13 +356,16 @@ class BatchingLLM:
         prefill_seconds = time.perf_counter() - start
         next_positions = position_ids[:, -1] + 1
         constrained = any(c is not None for c in constraints)
+        constraint_seconds = 0.0
         while True:
             masks = None
             if constrained:  # each constrained row: only tokens that continue its grammar
+                mask_start = time.perf_counter()
                 masks = [None if constraints[row] is None else
                          constraints[row].mask(limits[row] - len(outputs[row][0]))
                          for row in active]
                 logits = apply_masks(logits, masks)
+                constraint_seconds += time.perf_counter() - mask_start
             tokens, logprobs = _choose(logits, rows, self.generator)
             keep = []
             for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
@@ -377,6 +383,8 @@ class BatchingLLM:
             if not keep:
                 results = [Generation(ids, lps, token_masks[row])
                            for row, (ids, lps) in enumerate(outputs)]
+                with self._stats_lock:
+                    self.stats.constraint_seconds += constraint_seconds
                 return results, prefill_seconds, prefill_tokens
             if len(keep) < len(active):  # drop finished rows from every per-row tensor
                 index = torch.tensor(keep, device=device)
@@ -394,6 +402,9 @@ class BatchingLLM:
         if all(s.answer_grammar is None for s in samplings):
             return [None] * len(samplings)
         texts = TokenTexts.of(self.tokenizer)
+        if any(s.answer_grammar is not None and not stop for s, stop in zip(samplings, stops)):
+            raise ValueError("a constrained request needs a stop token (stop_token_ids or the "
+                             "engine's eos_token_ids) to end its reply on")
         return [None if s.answer_grammar is None else RowConstraint(s.answer_grammar, texts, stop)
                 for s, stop in zip(samplings, stops)]
 
