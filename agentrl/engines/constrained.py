@@ -79,6 +79,8 @@ class TokenTexts:
     prefixes: set[str] = field(init=False)
     sorted_texts: list[tuple[str, int]] = field(init=False)
     angle_tokens: list[int] = field(init=False)
+    unusable: frozenset[int] = field(init=False)
+    """Special tokens and tokens with no text or a broken character: never in an answer."""
     _encode: Any = None
     _masks: dict = field(default_factory=dict)
     _lengths: dict = field(default_factory=dict)
@@ -86,13 +88,16 @@ class TokenTexts:
 
     def __post_init__(self) -> None:
         self.by_text, self.prefixes, self.angle_tokens = {}, set(), []
+        unusable = set(self.special)
         for token, text in enumerate(self.texts):
             if token in self.special or not text or "\ufffd" in text:
+                unusable.add(token)
                 continue
             self.by_text.setdefault(text, []).append(token)
             self.prefixes.update(text[:k] for k in range(1, len(text) + 1))
             if "<" in text:
                 self.angle_tokens.append(token)
+        self.unusable = frozenset(unusable)
         self.sorted_texts = sorted((text, token) for text, tokens in self.by_text.items()
                                    for token in tokens)
 
@@ -202,7 +207,7 @@ class RowConstraint:
         banned = set(self.stop_ids) | set(texts.special)
         banned.update(t for t in texts.angle_tokens
                       if not grammar.run(self.states, texts.texts[t]))
-        banned.update(t for t, text in enumerate(texts.texts) if not text)
+        banned.update(t for t in texts.unusable if not texts.texts[t])
         return TokenMask(tuple(sorted(banned)), allow=False)
 
     def _options(self, states) -> list[tuple[int, frozenset | None, int]]:
