@@ -126,8 +126,11 @@ def main(argv: list[str] | None = None) -> None:
         runs += [(name, dataclasses.replace(sampling, answer_grammar=grammar,
                                             stop_token_ids=stop))
                  for name, grammar in GRAMMARS.items()]
-    rows = [bench(llm, prompts, size, run, name) for size in args.batch_sizes
-            for name, run in runs]
+    rows = []
+    for size in args.batch_sizes:
+        for name, run in runs:
+            rows.append(bench(llm, prompts, size, run, name))
+            print(rows[-1], flush=True)  # each row as it is measured: a long run keeps them
     llm.close()
 
     base = rows[0]["tokens_per_second"]
