@@ -90,6 +90,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "model's own)")
     parser.add_argument("--temperature", type=float, default=0.0,
                         help="sampling temperature (default 0: greedy)")
+    parser.add_argument("--constrained", action="store_true",
+                        help="mask the model's replies to well-formed answers of each turn's "
+                             "valid actions (the trainer's rollout.constrained_actions)")
     parser.add_argument("--max-batch", type=positive_int, default=16,
                         help="most replies decoded together (default 16)")
     parser.add_argument("--prefix-cache-tokens", type=non_negative_int, default=16384,
@@ -187,7 +190,7 @@ def _sampling(args: argparse.Namespace, presets: Mapping[str, Any]):
         raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if args.temperature > 0:
         sampling = dataclasses.replace(sampling, greedy=False, temperature=args.temperature)
-    return sampling
+    return dataclasses.replace(sampling, constrained_actions=bool(args.constrained))
 
 
 def _model_context(llm) -> int:

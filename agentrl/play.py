@@ -2,8 +2,12 @@
 
     agentrl play sokoban --seed 3
     agentrl play tetris --preset 4x4-type2 --oracle
+    agentrl play blocksworld --constrained     # only valid actions are taken
 
-Type an action per line (`help` lists them, `quit` or end of input stops).
+Type an action per line (`help` lists them, `quit` or end of input stops). With
+``--constrained`` a line goes to the game only when it is one of the valid actions, checked by
+the same answer grammar that constrains a model's decoding (:mod:`agentrl.agents.grammar`);
+anything else is refused and asked again, as the engine's mask would refuse it.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ import time
 
 import gymnasium
 
+from agentrl.agents.grammar import AnswerGrammar
 from agentrl.envs import GAMES, env_id
 
 QUIT = {"quit", "exit", "q"}
@@ -33,6 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--preset", default=None, help="game preset (default: the game's own)")
     parser.add_argument("--oracle", action="store_true", help="watch the oracle solve the game")
     parser.add_argument("--delay", type=float, default=0.0, help="seconds between oracle moves")
+    parser.add_argument("--constrained", action="store_true",
+                        help="take only valid actions (as constrained decoding does); others "
+                             "are refused")
 
 
 def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
@@ -55,6 +63,9 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
         if action.strip().lower() == "help":
             say(game.rules)
             continue
+        if getattr(args, "constrained", False) and not allowed(action, game.valid_actions()):
+            say(f"refused: {action.strip()!r} is not a valid action now")
+            continue
         obs, reward, terminated, truncated, info = env.step(action)
         total += reward
         done = terminated or truncated
@@ -67,6 +78,16 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     say(f"== {outcome}: success={info['success']} return={total:+.2f} steps={info['num_steps']} ==")
     env.close()
     return 0
+
+
+def allowed(action: str, valid_actions: list[str]) -> bool:
+    """``action`` is a whole reply of the plain one-action grammar of ``valid_actions`` (in
+    any letter case: a person types ``up`` for ``Up``)."""
+    if not valid_actions:
+        return False
+    grammar = AnswerGrammar(actions=tuple(a.lower() for a in valid_actions), opening="",
+                            closing="")
+    return grammar.can_stop(grammar.run(grammar.start(), " ".join(action.lower().split())))
 
 
 def _next_action(plan, stdin, out) -> str | None:

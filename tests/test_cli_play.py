@@ -55,3 +55,15 @@ def test_bad_arguments_fail_with_a_message(args, message):
     result = agentrl("play", *args)
     assert result.returncode == 2
     assert message in result.stderr and "Traceback" not in result.stderr
+
+
+def test_constrained_play_refuses_what_is_not_a_valid_action():
+    """--constrained: the answer grammar refuses a line that is no valid action (the game is
+    not stepped: the refused lines cost no reward); valid ones, in any case, are played."""
+    typed = "jump\nmove 9 to 9\nLEFT\n"
+    free = agentrl("play", "tetris", "--seed", "3", stdin=typed)
+    constrained = agentrl("play", "tetris", "--seed", "3", "--constrained", stdin=typed)
+    assert constrained.returncode == 0, constrained.stderr
+    assert constrained.stdout.count("refused:") == 2
+    assert constrained.stdout.count("reward ") == 1 and "> LEFT" in constrained.stdout
+    assert free.stdout.count("reward ") == 3 and "refused:" not in free.stdout

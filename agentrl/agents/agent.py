@@ -40,6 +40,7 @@ import gymnasium
 import numpy as np
 
 from agentrl.agents.config import AgentConfig
+from agentrl.agents.grammar import AnswerGrammar
 from agentrl.agents.parsing import ParsedResponse, format_response, parse_response
 from agentrl.envs import env_id
 
@@ -259,6 +260,21 @@ class Agent:
         legal = self._legal_actions()
         count = 1 + _randint(rng, self._actions_this_turn())
         return self._reply([legal[_randint(rng, len(legal))] for _ in range(count)], RANDOM_THINK)
+
+    def answer_grammar(self) -> AnswerGrammar:
+        """This turn's well-formed replies with only valid actions, for constrained decoding:
+        the game's ``valid_actions()`` now, at most the actions this turn may run, in the
+        preset's answer format (:mod:`agentrl.agents.grammar`). Every action of a reply comes
+        from the set valid at the turn's start: in games whose legal moves change as actions
+        run (BlocksWorld, TextWorld), a second action may have become invalid by its turn."""
+        config = self.config
+        plain = config.answer_format == "plain"
+        return AnswerGrammar(actions=tuple(self._legal_actions()),
+                             separator=f" {config.action_separator} ",
+                             max_actions=self._actions_this_turn(),
+                             opening="" if plain else "<answer>",
+                             closing="" if plain else "</answer>",
+                             think=config.enable_think and not plain)
 
     def _actions_this_turn(self) -> int:
         return max(1, min(self.config.max_actions_per_turn, self.actions_left))

@@ -265,6 +265,9 @@ class RolloutConfig(Section):
     """Return normalization: identity, mean_std, or mean_std clipped to [-1, 3] (asym_clip)."""
     reward_placement: Literal["turn", "last"] = "turn"
     """Each turn's reward on its last token (turn) or the episode's score at the end (last)."""
+    constrained_actions: bool | None = None
+    """Mask each reply to well-formed answers of the turn's valid actions (thinking stays
+    free); null = on with backend=local, off with verl (which cannot: docs/TRAINING.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -505,6 +508,12 @@ class TrainConfig(Section):
                              "allowed: 'float32' or 'bfloat16' (float32 weights, bf16 autocast)")
 
     @property
+    def constrained_actions(self) -> bool:
+        """``rollout.constrained_actions`` resolved: null means on for the local engine."""
+        setting = self.rollout.constrained_actions
+        return self.backend == "local" if setting is None else setting
+
+    @property
     def kept_trajectories(self) -> int:
         """Trajectories per training step after filtering: the PPO batch."""
         kept_groups = max(1, math.ceil(self.rollout.filter_ratio * self.train.group_num))
@@ -570,6 +579,13 @@ class TrainConfig(Section):
     def _check_verl(self) -> None:
         """What verl cannot run, or would reject later (after Ray and the models start)."""
         _check_verl_model(self.model.name)
+        if self.rollout.constrained_actions:
+            raise ValueError(
+                "rollout.constrained_actions=true is not allowed with backend='verl': vLLM could "
+                "mask the sampler (structured output), but verl 0.9.1's actor recomputes old and "
+                "new log-probs over the full vocabulary with no per-token mask, so PPO's ratio "
+                "would compare the masked sampler with an unmasked policy; allowed: false or "
+                "null (off on verl)")
         unsupported = {  # local-engine features that verl's trainer has no counterpart for
             "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
             "rollout.norm_method": (self.rollout.norm_method, "identity"),

@@ -33,6 +33,11 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   turn of the episode) reads only its new tokens. Identical prompts in one batch (a group's
   first turn) are read once and their rows repeated. The stored rows sit left-padded before the
   new tokens, with the same masking and positions, so a row decodes as it would from scratch.
+- **Constrained replies** (``SamplingParams.answer_grammar``): each such row's logits are
+  masked to the tokens that continue its grammar (:mod:`agentrl.engines.constrained`) before
+  sampling; its log-probs are of that masked, renormalized distribution, and its result
+  (a :class:`~agentrl.engines.constrained.Generation`) carries each token's mask
+  (``token_masks``) so the trainer can recompute the same distribution.
 - Like vLLM, generation also stops at end-of-sequence: ``eos_token_ids`` (default
   ``end_of_turn_ids(tokenizer, model.generation_config)``) are added to every request's ``stop_token_ids``; pass
   ``eos_token_ids=()`` to turn that off.
@@ -50,6 +55,7 @@ from typing import Any
 
 import torch
 
+from agentrl.engines.constrained import Generation, RowConstraint, TokenTexts, apply_masks
 from agentrl.engines.prefix_cache import PrefixCache
 from agentrl.models.precision import compute_precision
 
@@ -72,6 +78,13 @@ class SamplingParams:
     """Take the argmax; log-probs are then at temperature 1."""
     stop_token_ids: tuple[int, ...] = ()
     """Generation ends after any of these; it is the last token of the response."""
+    constrained_actions: bool = False
+    """Asks ``run_episode`` to constrain each reply to the turn's valid actions (it sets
+    ``answer_grammar`` per turn); engines read only ``answer_grammar``."""
+    answer_grammar: Any = None
+    """The replies allowed (an :class:`agentrl.agents.grammar.AnswerGrammar`); None = free.
+    Log-probs are then of the masked, renormalized distribution, and the engine returns each
+    token's mask (:mod:`agentrl.engines.constrained`)."""
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -104,6 +117,9 @@ class GenerationStats:
     """Wall time inside the decode loop (prefill + decode), summed over batches."""
     prefill_seconds: float = 0.0
     """The part of generation_seconds spent on the prompts' forward pass."""
+    constraint_seconds: float = 0.0
+    """The part of generation_seconds spent building and applying constrained rows' token
+    masks (:mod:`agentrl.engines.constrained`)."""
     max_batch_size: int = 0
 
     @property
@@ -286,7 +302,7 @@ class BatchingLLM:
         self,
         prompts: Sequence[Sequence[int]],
         samplings: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
-    ) -> list[tuple[list[int], list[float]]]:
+    ) -> list[Generation]:
         """Decode ``prompts`` together, now, in this thread; one result per prompt.
 
         The synchronous core of :meth:`generate`; any batch size (not capped by max_batch).
@@ -330,6 +346,8 @@ class BatchingLLM:
         stops = [set(s.stop_token_ids) | set(self.eos_token_ids) for s in samplings]
         limits = [s.max_new_tokens for s in samplings]
         outputs: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
+        constraints = self._constraints(samplings, stops)
+        token_masks = [[] if c is not None else None for c in constraints]
         active = list(range(n))  # original row of each batch row still decoding
 
         start = time.perf_counter()
@@ -343,7 +361,17 @@ class BatchingLLM:
             torch.cuda.synchronize(device)
         prefill_seconds = time.perf_counter() - start
         next_positions = position_ids[:, -1] + 1
+        constrained = any(c is not None for c in constraints)
+        constraint_seconds = 0.0
         while True:
+            masks = None
+            if constrained:  # each constrained row: only tokens that continue its grammar
+                mask_start = time.perf_counter()
+                masks = [None if constraints[row] is None else
+                         constraints[row].mask(limits[row] - len(outputs[row][0]))
+                         for row in active]
+                logits = apply_masks(logits, masks)
+                constraint_seconds += time.perf_counter() - mask_start
             tokens, logprobs = _choose(logits, rows, self.generator)
             keep = []
             for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
@@ -351,12 +379,19 @@ class BatchingLLM:
                 ids, lps = outputs[row]
                 ids.append(token)
                 lps.append(logprob)
+                if masks is not None and masks[batch_row] is not None:
+                    token_masks[row].append(masks[batch_row])
+                    constraints[row].advance(token)
                 if token not in stops[row] and len(ids) < limits[row]:
                     keep.append(batch_row)
                 else:
                     self._remember(prompts[row] + ids[:-1], cache, attention_mask, batch_row)
             if not keep:
-                return outputs, prefill_seconds, prefill_tokens
+                results = [Generation(ids, lps, token_masks[row])
+                           for row, (ids, lps) in enumerate(outputs)]
+                with self._stats_lock:
+                    self.stats.constraint_seconds += constraint_seconds
+                return results, prefill_seconds, prefill_tokens
             if len(keep) < len(active):  # drop finished rows from every per-row tensor
                 index = torch.tensor(keep, device=device)
                 cache.batch_select_indices(index)
@@ -366,6 +401,18 @@ class BatchingLLM:
             attention_mask = torch.cat([attention_mask, attention_mask.new_ones(len(active), 1)], 1)
             logits = self._forward(tokens[:, None], attention_mask, next_positions[:, None], cache)
             next_positions = next_positions + 1
+
+    def _constraints(self, samplings: list[SamplingParams],
+                     stops: list[set[int]]) -> list[RowConstraint | None]:
+        """Per row, its grammar's decoding state (None: unconstrained)."""
+        if all(s.answer_grammar is None for s in samplings):
+            return [None] * len(samplings)
+        texts = TokenTexts.of(self.tokenizer)
+        if any(s.answer_grammar is not None and not stop for s, stop in zip(samplings, stops)):
+            raise ValueError("a constrained request needs a stop token (stop_token_ids or the "
+                             "engine's eos_token_ids) to end its reply on")
+        return [None if s.answer_grammar is None else RowConstraint(s.answer_grammar, texts, stop)
+                for s, stop in zip(samplings, stops)]
 
     def _prefill_inputs(self, prompts: list[tuple[int, ...]]):
         """The cache (stored prefixes, left-padded) and the prefill's ids, attention mask over

@@ -31,6 +31,13 @@ context never shrank is one row, exactly the whole trajectory. Every model token
 one row, with its sampler log-prob, and the rows of an episode come in order, so advantages
 can run over the whole episode (:mod:`agentrl.trainers.episodes`).
 
+- ``constraint_kind`` ``(B, R)`` and ``constraint_ids`` ``(B, R, K)``, only when a trajectory
+  was decoded under constraints (``Trajectory.response_token_masks``): per response token,
+  ``1`` = only ``constraint_ids`` could be chosen, ``0`` = all but them, ``-1`` = free; ids are
+  padded with ``-1`` to the largest mask ``K``. The trainer's log-prob recompute applies them
+  (:func:`agentrl.trainers.policy.response_logprobs`), so it describes the distribution the
+  sampler drew from.
+
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
 """
@@ -44,8 +51,8 @@ import torch
 
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["REWARD_PLACEMENTS", "TrainingSample", "context_samples", "kept_turns", "to_batch",
-           "token_rewards"]
+__all__ = ["REWARD_PLACEMENTS", "TrainingSample", "constraint_tensors", "context_samples",
+           "kept_turns", "to_batch", "token_rewards"]
 
 REWARD_PLACEMENTS = ("turn", "last")
 
@@ -114,6 +121,11 @@ class TrainingSample:
     def response_logprobs(self) -> list[float]:
         return self.trajectory.response_logprobs[self.start:self.end]
 
+    @property
+    def response_token_masks(self) -> list | None:
+        masks = self.trajectory.response_token_masks
+        return None if masks is None else masks[self.start:self.end]
+
     def token_rewards(self, placement: str) -> list[float]:
         """The episode's token rewards (:func:`token_rewards`) on this sample's tokens."""
         return token_rewards(self.trajectory, placement)[self.start:self.end]
@@ -144,6 +156,24 @@ def context_samples(trajectory: Trajectory) -> list[TrainingSample]:
         prompt = list(trajectory.prompt_ids) + trajectory.response_ids[first.context_start:start]
         samples.append(TrainingSample(trajectory, prompt, start, end))
     return samples
+
+
+def constraint_tensors(trajectories: Sequence[Trajectory | TrainingSample], length: int
+                       ) -> dict[str, torch.Tensor]:
+    """``constraint_kind`` and ``constraint_ids`` of the rows (trajectories or their context
+    samples; see the module docstring); empty when no row was constrained."""
+    if all(t.response_token_masks is None for t in trajectories):
+        return {}
+    widest = max((len(m.ids) for t in trajectories for m in t.response_token_masks or ()
+                  if m is not None), default=1)
+    kind = torch.full((len(trajectories), length), -1, dtype=torch.long)
+    ids = torch.full((len(trajectories), length, max(1, widest)), -1, dtype=torch.long)
+    for row, trajectory in enumerate(trajectories):
+        for column, mask in enumerate(trajectory.response_token_masks or ()):
+            if mask is not None:
+                kind[row, column] = int(mask.allow)
+                ids[row, column, :len(mask.ids)] = mask.index
+    return {"constraint_kind": kind, "constraint_ids": ids}
 
 
 def to_batch(
@@ -195,7 +225,9 @@ def to_batch(
                                               dtype=torch.float32)
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
+    constraints = constraint_tensors([sample for _, sample in rows], r_len)
     return {
+        **constraints,
         "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),

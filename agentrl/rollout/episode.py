@@ -53,6 +53,12 @@ gets exactly that list:
   same mechanism: at most the last K blocks are in the context.
 - ``max_new_tokens`` per reply is ``min(sampling.max_new_tokens, config.max_response_tokens)``;
   the end-of-sequence ids are added to ``stop_token_ids``.
+- *Constrained actions* (``sampling.constrained_actions``): each turn's request carries
+  ``answer_grammar=agent.answer_grammar()`` (this turn's valid actions in the preset's answer
+  format); the engine masks its logits to it and returns each token's mask
+  (``Generation.token_masks``), stored in ``Turn.token_masks`` and
+  ``Trajectory.response_token_masks`` for the trainer's recompute. An ``llm`` that returns
+  no masks leaves them None.
 - Environment steps of a game whose ``GameSpec.slow_steps`` is set (TextWorld's interpreter) run
   in a worker thread (``asyncio.to_thread``), so they never hold up other episodes' generation
   requests; the other games step in microseconds, less than the thread hop costs. Resets run
@@ -194,6 +200,8 @@ async def run_episode(
     response_ids: list[int] = []
     mask: list[int] = []
     logprobs: list[float] = []
+    token_masks: list[Any] = []  # the engine's per-token constraint (None where free)
+    constrained = bool(getattr(sampling, "constrained_actions", False))
     turns: list[Turn] = []
     turn_ends: list[int] = []
     block_starts: list[int] = []  # where each turn block (reply + next observation) begins
@@ -208,23 +216,31 @@ async def run_episode(
         if len(prompt_ids) + len(response_ids) - window_start + max_new > max_context_tokens:
             context_exhausted = True  # the observation that does not fit is not kept
             del response_ids[reply_end:], mask[reply_end:], logprobs[reply_end:]
+            del token_masks[reply_end:]
             break
         start = time.perf_counter()
-        ids, lps = await llm.generate(prompt_ids + response_ids[window_start:], sampling)
+        request = (dataclasses.replace(sampling, answer_grammar=agent.answer_grammar())
+                   if constrained else sampling)
+        generated = await llm.generate(prompt_ids + response_ids[window_start:], request)
         timings["generate_s"] += time.perf_counter() - start
+        ids, lps = generated
         ids, lps = [int(t) for t in ids], [float(x) for x in lps]
         if len(ids) != len(lps) or not ids:
             raise ValueError(f"llm.generate returned {len(ids)} ids and {len(lps)} logprobs")
+        turn_masks = getattr(generated, "token_masks", None)
+        turn_masks = tuple(turn_masks) if turn_masks is not None else (None,) * len(ids)
         block_starts.append(len(response_ids))
         response_ids += ids
         mask += [1] * len(ids)
         logprobs += lps
+        token_masks += turn_masks
         turn_ends.append(len(response_ids) - 1)
         cut = ids[-1] not in stop_ids
         if cut:  # closed by the rollout, not by the model: mask 0
             response_ids.append(suffix.end_of_turn_id)
             mask.append(0)
             logprobs.append(0.0)
+            token_masks.append(None)
 
         start = time.perf_counter()
         text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -238,7 +254,8 @@ async def run_episode(
             reward=float(result.reward), format_ok=result.format_ok,
             num_actions=result.num_actions, num_valid=result.num_valid_actions,
             num_effective=result.num_effective_actions, truncated_by_length=cut, text=text,
-            context_start=window_start))
+            context_start=window_start,
+            token_masks=turn_masks if any(m is not None for m in turn_masks) else None))
         if result.done:
             break
         start = time.perf_counter()
@@ -248,6 +265,7 @@ async def run_episode(
         response_ids += next_prompt
         mask += [0] * len(next_prompt)
         logprobs += [0.0] * len(next_prompt)
+        token_masks += [None] * len(next_prompt)
 
     # A length-cut final reply keeps its closing token: it is part of the sequence verl pads.
     rewards = [t.reward for t in turns]
@@ -263,4 +281,6 @@ async def run_episode(
         group_index=group_index, prompt_ids=prompt_ids, response_ids=response_ids,
         response_mask=mask, response_logprobs=logprobs, turn_end_positions=turn_ends,
         turn_rewards=rewards, success=bool(agent.success), episode_return=float(sum(rewards)),
-        num_turns=len(turns), turns=turns, metrics=metrics, timings=timings)
+        num_turns=len(turns), turns=turns, metrics=metrics, timings=timings,
+        response_token_masks=(token_masks if any(m is not None for m in token_masks)
+                              else None))

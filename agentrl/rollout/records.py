@@ -45,6 +45,9 @@ class Turn:
     context_start: int = 0
     """The model saw ``prompt_ids + response_ids[context_start:]`` (of the trajectory) for this
     reply: > 0 when older turns were dropped from its context (see the rollout's rules)."""
+    token_masks: tuple[Any, ...] | None = None
+    """Constrained decoding: per response id, the engine's ``TokenMask`` (the tokens it could
+    choose from); None when the reply was free."""
 
 
 def turn_counts(turns: list[Turn]) -> dict[str, float]:
@@ -89,6 +92,10 @@ class Trajectory:
     ``response_length`` (model tokens)."""
     timings: dict[str, float] = field(default_factory=dict)
     """Seconds this episode spent in ``generate_s``, ``env_s``, ``tokenize_s``."""
+    response_token_masks: list[Any] | None = None
+    """Constrained decoding: per response id, the ``TokenMask`` the engine sampled it under
+    (None on free and inserted tokens); None when no token was constrained. ``to_batch``
+    turns them into the trainer's ``constraint_*`` tensors."""
     score: float | None = None
     """The normalized episode return (see :func:`agentrl.rollout.groups.normalize_returns`);
     None until normalized. ``to_batch(reward_placement="last")`` uses it when set."""
@@ -102,6 +109,8 @@ class Trajectory:
         if not (len(self.response_mask) == len(self.response_logprobs) == n):
             raise ValueError(f"response ids/mask/logprobs lengths differ: {n}, "
                              f"{len(self.response_mask)}, {len(self.response_logprobs)}")
+        if self.response_token_masks is not None and len(self.response_token_masks) != n:
+            raise ValueError(f"{len(self.response_token_masks)} token masks for {n} response ids")
         if len(self.turn_end_positions) != len(self.turn_rewards):
             raise ValueError("one turn end position per turn reward")
 

@@ -152,9 +152,11 @@ class LocalTrainer:
         self.step = 0
         r = config.rollout
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
-                                       max_new_tokens=r.max_new_tokens)
+                                       max_new_tokens=r.max_new_tokens,
+                                       constrained_actions=config.constrained_actions)
         val_tokens = config.val.max_new_tokens or r.max_new_tokens
-        self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens)
+        self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens,
+                                           constrained_actions=config.constrained_actions)
         self.loss_settings = ppo.LossSettings(
             policy_loss=config.actor.policy_loss, clip_ratio_low=config.actor.clip_ratio_low,
             clip_ratio_high=config.actor.clip_ratio_high, clip_ratio_c=config.actor.clip_ratio_c,

@@ -12,6 +12,11 @@ responses`` with ``P`` prompt and ``R`` response columns. Response token ``i`` i
 position ``P - 1 + i``, so its log-prob and its value both come from that position (the state
 *before* the token), as in verl's actor and critic.
 
+Constrained decoding: when the batch has ``constraint_kind`` / ``constraint_ids``
+(:func:`agentrl.rollout.to_batch`), each constrained position's logits are masked to the tokens
+the sampler could choose from before the softmax, so the log-probs (and the entropy) are those
+of the masked, renormalized distribution the sampler drew from (docs/TRAINING.md).
+
 Only the last ``R + 1`` positions go through the LM head (``logits_to_keep``): the prompt's
 logits are never materialised, which is most of the memory of a long multi-turn episode.
 """
@@ -25,7 +30,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-__all__ = ["ValueModel", "backbone_of", "checkpointing", "response_logprobs"]
+__all__ = ["ValueModel", "backbone_of", "checkpointing", "masked_logits", "response_logprobs"]
 
 
 def _model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -60,6 +65,9 @@ def response_logprobs(
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
+    if "constraint_kind" in batch:
+        logits = masked_logits(logits, batch["constraint_kind"].to(device),
+                               batch["constraint_ids"].to(device))
     chosen = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
     logprobs = chosen - torch.logsumexp(logits, dim=-1)
     entropy = None
@@ -94,6 +102,18 @@ def checkpointing(model: nn.Module) -> Iterator[None]:
     finally:
         for layer, mode in zip(layers, modes):
             layer.training = mode
+
+
+def masked_logits(logits: torch.Tensor, kind: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
+    """``logits`` ``(B, R, V)`` with the tokens a constrained position could not choose at the
+    dtype's lowest value (not -inf: the entropy's ``p * logit`` stays 0, not NaN). ``kind``
+    ``(B, R)``: 1 = only ``ids`` ``(B, R, K)`` allowed, 0 = all but them, -1 = free."""
+    vocab = logits.shape[-1]
+    listed = torch.zeros(*logits.shape[:-1], vocab + 1, dtype=torch.bool, device=logits.device)
+    listed.scatter_(-1, torch.where(ids < 0, vocab, ids), True)  # -1 padding -> the spare column
+    listed = listed[..., :vocab]
+    allowed = torch.where((kind == 1)[..., None], listed, ~listed) | (kind < 0)[..., None]
+    return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
 
 
 def backbone_of(model: Any) -> nn.Module:

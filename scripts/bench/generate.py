@@ -3,6 +3,7 @@
     python scripts/bench/generate.py                               # embedded model, CPU
     python scripts/bench/generate.py --device cuda --batch-sizes 1 16 64
     python scripts/bench/generate.py --model tiny --max-new-tokens 32 --out /tmp/gen.json
+    python scripts/bench/generate.py --batch-sizes 16 --constrained   # + constrained decoding
 
 Every prompt is a chat-formatted game-like request of ~100-150 tokens. Each batch size decodes
 the same ``--prompts`` prompts, in chunks of that size, through ``BatchingLLM.generate_batch``
@@ -12,6 +13,15 @@ does the same work. One warm-up chunk per batch size is not timed. tokens/s coun
 tokens over all generation time (prefill included: with ~80-170-token prompts and 32 new tokens
 the prefill is a large share); decode tokens/s leaves the prefill out. Expect about 10 minutes on 2 CPU cores with defaults
 (batch 1 dominates).
+
+``--constrained`` adds, per batch size, the same prompts decoded under constrained action
+decoding (:mod:`agentrl.engines.constrained`) with two answer grammars: ``sokoban-think``
+(four moves, up to 5 a reply, free thinking first: most steps carry the thinking's mask) and
+``textworld-answer`` (20 multi-word commands, answer only: every step searches the grammar).
+Those replies stop at the end-of-turn token once the answer is complete, so their rows report
+ms per decode step over the steps actually run, and ``mask %``: the share of decode time spent
+building and applying the masks (the engine's ``constraint_seconds``). Target: under 5% at
+batch 16.
 """
 
 from __future__ import annotations
@@ -24,10 +34,20 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.bench_cli import device_name, write_result
+import dataclasses
+
+from agentrl.agents.grammar import AnswerGrammar
 from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.models import load_model
+from agentrl.models import end_of_turn_ids, load_model
 
 TOPICS = ["Sokoban", "Tetris", "BlocksWorld", "TextWorld"]
+GRAMMARS = {
+    "sokoban-think": AnswerGrammar(actions=("Up", "Down", "Left", "Right"), max_actions=5,
+                                   think=True),
+    "textworld-answer": AnswerGrammar(actions=tuple(
+        f"{verb} {thing}" for verb in ("take", "open", "examine", "drop")
+        for thing in ("key", "box", "red apple", "wooden chest", "lamp")), max_actions=2),
+}
 
 
 def make_prompts(tokenizer, count: int) -> list[list[int]]:
@@ -52,16 +72,21 @@ def make_prompts(tokenizer, count: int) -> list[list[int]]:
     return prompts
 
 
-def bench(llm: BatchingLLM, prompts, batch_size: int, sampling: SamplingParams) -> dict:
+def bench(llm: BatchingLLM, prompts, batch_size: int, sampling: SamplingParams,
+          name: str = "free") -> dict:
     llm.generate_batch(prompts[:batch_size], sampling)  # warm-up, not timed
     llm.reset_stats()
     start = time.perf_counter()
+    steps = 0  # decode steps run (the first token of a batch comes from the prefill logits)
     for i in range(0, len(prompts), batch_size):
-        llm.generate_batch(prompts[i : i + batch_size], sampling)
+        results = llm.generate_batch(prompts[i : i + batch_size], sampling)
+        steps += max(len(ids) for ids, _ in results) - 1
     seconds = time.perf_counter() - start
     stats = llm.stats
-    steps = sampling.max_new_tokens - 1  # the first token comes from the prefill logits
+    decode_seconds = stats.generation_seconds - stats.prefill_seconds
     return {
+        "decoding": name,
+        "mask_share": round(stats.constraint_seconds / decode_seconds, 4),
         "batch_size": batch_size,
         "prompts": len(prompts),
         "generated_tokens": stats.generated_tokens,
@@ -69,9 +94,7 @@ def bench(llm: BatchingLLM, prompts, batch_size: int, sampling: SamplingParams) 
         "tokens_per_second": round(stats.generated_tokens / seconds, 1),
         "prefill_seconds": round(stats.prefill_seconds, 3),
         "decode_tokens_per_second": round(stats.decode_tokens_per_second, 1),
-        "ms_per_decode_step": round(
-            1000 * (stats.generation_seconds - stats.prefill_seconds) / (stats.batches * steps), 2
-        ),
+        "ms_per_decode_step": round(1000 * decode_seconds / max(1, steps), 2),
     }
 
 
@@ -84,6 +107,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--prompts", type=int, default=16, help="prompts decoded per batch size")
     parser.add_argument("--max-new-tokens", type=int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
+    parser.add_argument("--constrained", action="store_true",
+                        help="also decode under constrained action decoding (two grammars)")
     parser.add_argument("--out", default="bench_results/generate.json")
     args = parser.parse_args(argv)
     if args.threads:
@@ -95,16 +120,28 @@ def main(argv: list[str] | None = None) -> None:
     llm = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=())
     prompts = make_prompts(tokenizer, args.prompts)
     sampling = SamplingParams(greedy=True, max_new_tokens=args.max_new_tokens)
-    rows = [bench(llm, prompts, size, sampling) for size in args.batch_sizes]
+    runs = [("free", sampling)]
+    if args.constrained:  # a grammar's reply ends on the end-of-turn token
+        stop = tuple(end_of_turn_ids(tokenizer))
+        runs += [(name, dataclasses.replace(sampling, answer_grammar=grammar,
+                                            stop_token_ids=stop))
+                 for name, grammar in GRAMMARS.items()]
+    rows = []
+    for size in args.batch_sizes:
+        for name, run in runs:
+            rows.append(bench(llm, prompts, size, run, name))
+            print(rows[-1], flush=True)  # each row as it is measured: a long run keeps them
     llm.close()
 
     base = rows[0]["tokens_per_second"]
     table = Table(title=f"{args.model} on {args.device}: {args.max_new_tokens} new tokens/prompt")
-    columns = ("batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s", "ms/step", "speed-up")
+    columns = ("decoding", "batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s",
+               "ms/step", "mask %", "speed-up")
     for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
+            row["decoding"],
             str(row["batch_size"]),
             str(row["generated_tokens"]),
             f"{row['seconds']:.2f}",
@@ -112,6 +149,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['tokens_per_second']:.1f}",
             f"{row['decode_tokens_per_second']:.1f}",
             f"{row['ms_per_decode_step']:.1f}",
+            f"{100 * row['mask_share']:.1f}",
             f"{row['tokens_per_second'] / base:.2f}x",
         )
     Console().print(table)

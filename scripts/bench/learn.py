@@ -62,7 +62,8 @@ def main(argv: list[str] | None = None) -> dict:
         model, tokenizer = load_model(config.model.name, dtype=config.model.dtype,
                                       chat_template=config.model.chat_template)
         data["agents"] = {BANDIT: first_token_bandit(likely_arms(model, tokenizer, args.arms))}
-        data["rollout"].update(top_k=args.arms, max_new_tokens=1)
+        data["rollout"].update(top_k=args.arms, max_new_tokens=1,
+                               constrained_actions=False)  # the first free token is the task
         del model
     data["train"]["presets"] = data["val"]["presets"] = [args.preset]
     config = build_config(data)

@@ -31,7 +31,8 @@ def bandit_run(tmp_path, arms: list[str], steps: int, estimator: str = "gae"):
     base["train"].update(presets=["bandit"], group_num=4, group_size=4, total_steps=steps)
     base["val"].update(presets=["bandit"], group_num=4, group_size=1, test_freq=steps,
                        before_train=True)
-    base["rollout"].update(top_k=ARMS, max_new_tokens=1, max_context_tokens=512)
+    base["rollout"].update(top_k=ARMS, max_new_tokens=1, max_context_tokens=512,
+                           constrained_actions=False)  # the first free token is the task
     base["actor"].update(lr=2e-3, micro_batch_size=16, ppo_epochs=2)
     base["critic"].update(lr=2e-3, share_backbone=True)
     base["trainer"].update(logger=[], plot=False, save_freq=0)

@@ -232,6 +232,8 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
     ([*GPU, "rollout.filter_ratio=0.5"], r"filter_ratio=0.5 is not allowed with backend='verl'"),
     ([*GPU, "rollout.norm_method=mean_std"], r"rollout.norm_method='mean_std' is not allowed"),
     ([*GPU, "critic.share_backbone=true"], r"critic.share_backbone=True is not allowed"),
+    ([*GPU, "rollout.constrained_actions=true"],
+     r"rollout.constrained_actions=true is not allowed with backend='verl'.*full vocabulary"),
     ([*GPU, "verl.gpu_memory_utilization=1.5"], r"verl.gpu_memory_utilization=1.5 is not allowed"),
     ([*GPU, "verl.strategy=ddp"], r"verl.strategy='ddp' is not allowed; allowed: \['fsdp'"),
     ([*GPU, "verl.trainer=v2"], r"verl.trainer='v2' is not allowed; allowed: \['legacy', 'v1'\]"),
@@ -244,6 +246,12 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
 def test_verl_section_errors_name_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
         compose_config(overrides)
+
+
+def test_constrained_actions_default_on_locally_off_on_verl():
+    assert compose_config([]).constrained_actions
+    assert not compose_config(["rollout.constrained_actions=false"]).constrained_actions
+    assert not compose_config(GPU).constrained_actions  # null: off on verl, no error
 
 
 def test_the_legacy_worker_rule_does_not_bind_v1():
