@@ -205,16 +205,20 @@ def _scripted_episode(agent: Agent, preset: str, seed: int, group_index: int, po
                       rng: np.random.Generator) -> Trajectory:
     """One text-level episode, recorded as a trajectory without tokens (turns keep the text)."""
     start = time.perf_counter()
-    agent.reset(seed=seed)
+    messages = agent.reset(seed=seed)
     turns = []
     while not agent.done:
         text = agent.oracle_response() if policy == "oracle" else agent.random_response(rng)
+        observation = messages[-1]["content"]
         result = agent.step(text)
+        messages = result.messages
         turns.append(Turn(prompt_ids=(), response_ids=(), logprobs=(), reward=result.reward,
                           format_ok=result.format_ok, num_actions=result.num_actions,
                           num_valid=result.num_valid_actions,
                           num_effective=result.num_effective_actions,
-                          truncated_by_length=False, text=text))
+                          truncated_by_length=False, text=text, observation=observation,
+                          actions=tuple(result.info["actions"]),
+                          action_valid=tuple(result.info["action_valid"])))
     metrics = turn_counts(turns)  # no tokens: response_length and the context counts read 0
     # No tokens, so no turn end positions: per-turn rewards live in ``turns``.
     return Trajectory(

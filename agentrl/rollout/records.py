@@ -45,6 +45,13 @@ class Turn:
     context_start: int = 0
     """The model saw ``prompt_ids + response_ids[context_start:]`` (of the trajectory) for this
     reply: > 0 when older turns were dropped from its context (see the rollout's rules)."""
+    observation: str = ""
+    """The user message this reply answered (turn 1: instructions and the first state; then the
+    feedback and the new state): what episode records show as the board."""
+    actions: tuple[str, ...] = ()
+    """The actions run in the game this turn, in order."""
+    action_valid: tuple[bool, ...] = ()
+    """One flag per entry of ``actions``: the game accepted it."""
 
 
 def turn_counts(turns: list[Turn]) -> dict[str, float]:
