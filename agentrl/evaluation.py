@@ -101,6 +101,16 @@ class EvalResult:
             table.add_row(preset, *(fmt(row[key]) for key, _, fmt in TABLE_COLUMNS))
         return table
 
+    def episode_records(self, per_preset: int) -> list[dict[str, Any]]:
+        """Turn-by-turn records (:mod:`agentrl.rollout.episode_record`) of up to
+        ``per_preset`` episodes of each preset, new seeds first."""
+        from agentrl.rollout.episode_record import episode_record, sample_episodes
+
+        return [episode_record(t, split=self.split)
+                for preset in self.presets
+                for t in sample_episodes([t for t in self.trajectories if t.preset == preset],
+                                         per_preset)]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary: settings, per-preset metrics, timings (no trajectories)."""
         return {
