@@ -120,6 +120,11 @@ class Agent:
         self._observation = ""
 
     @property
+    def observation(self) -> str:
+        """The game's newest text observation (the board), as the env returned it."""
+        return self._observation
+
+    @property
     def actions_left(self) -> int:
         return max(0, self.config.max_actions_all_turns - self.actions_used)
 
