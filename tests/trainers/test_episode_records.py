@@ -154,3 +154,38 @@ def test_a_split_replaces_only_its_own_records_of_a_step(tmp_path):
     assert read_episodes(tmp_path) == {3: [{"split": "val", "n": 2, "step": 3},
                                            {"split": "train", "n": 5, "step": 3}]}
     assert not list((tmp_path / "episodes").glob(".*"))  # no temporary files left
+
+
+# -- WandB and the console -------------------------------------------------------------------------
+class FakeTable:
+    def __init__(self, columns, data):
+        self.columns, self.data = columns, data
+
+
+def test_wandb_gets_the_episodes_as_a_table_and_the_console_a_sampled_reply(
+        tmp_path, monkeypatch, capsys):
+    import sys
+    from types import SimpleNamespace
+
+    from agentrl.trainers.tracking import RunTracker
+
+    logged = []
+    run = SimpleNamespace(log=lambda values, step: logged.append((step, values)),
+                          finish=lambda exit_code: None)
+    fake = SimpleNamespace(init=lambda **kwargs: run, Settings=lambda **kwargs: None,
+                           Table=FakeTable)
+    monkeypatch.setitem(sys.modules, "wandb", fake)
+    records = [episode_record(trajectory("p", 5, turns=2, text="!!!!!"), split="val", step=1),
+               episode_record(trajectory("q", 6, turns=1), split="train", step=1)]
+    with RunTracker(tmp_path, project="t", experiment="e", use_wandb=True, wandb_mode="offline",
+                    console=True) as tracker:
+        tracker.log(1, {"val/p/success": 0.0}, records)
+        tracker.log(2, {"val/p/success": 0.0})
+    (step, values), (_, plain) = logged
+    table = values["episodes"]
+    assert step == 1 and values["val/p/success"] == 0.0 and "episodes" not in plain
+    assert len(table.data) == 3  # one row per turn: 2 + 1
+    assert [row[table.columns.index("reply")] for row in table.data[:2]] == ["!!!!!"] * 2
+    printed = capsys.readouterr().out
+    assert "  val sample p seed 5: '!!!!!' reward -0.10" in printed
+    assert printed.count("sample") == 1  # validation's, not training's
