@@ -21,6 +21,8 @@ One training step is a short sequence of named stages (each timed as ``timing/<s
 Validation (greedy, held-out seeds and presets) runs before training and every ``test_freq``
 steps; a checkpoint is written every ``save_freq`` steps and at the end; ``resume=auto``
 continues from the newest complete checkpoint with the same run id and metric history.
+Every step also records ``trainer.log_episodes`` finished episodes per split, turn by turn, in
+``<run_dir>/episodes/step_N.jsonl`` (:mod:`agentrl.trainers.episode_log`).
 
 Guards (:mod:`agentrl.trainers.guards`): a non-finite reward, advantage or loss skips that
 update (``guard/skipped_updates``) with a warning; collapse signs are measured every step and
@@ -49,8 +51,8 @@ from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.rollout import filter_groups, normalize_returns, rollout_metrics, run_groups, to_batch
-from agentrl.trainers import ppo
 from agentrl.rollout.episode_record import episode_record, sample_episodes
+from agentrl.trainers import ppo
 from agentrl.trainers.checkpoint import (
     capture_rng_state, load_checkpoint, restore_rng_state, restore_weights, resume_checkpoint,
     save_checkpoint,
