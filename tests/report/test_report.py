@@ -135,3 +135,15 @@ def test_episode_steps_are_spread_with_the_first_and_the_last():
     assert spread(list(range(1001)), 5) == [0, 250, 500, 750, 1000]
     assert spread([3, 1, 2], 10) == [1, 2, 3]
     assert render_page({"x": "</script>"}).count("</script>") == 2
+
+
+def test_reference_lines_are_the_oracle_and_random_on_the_validation_seeds(tmp_path):
+    from agentrl.report.data import run_data
+
+    data = run_data(synthetic_run(tmp_path / "run"), play_references=True)
+    for preset in PRESETS:
+        oracle, random = (data["references"][preset][p]["success"] for p in ("oracle", "random"))
+        assert oracle == 1.0 and 0.0 <= random <= 1.0
+    assert data["references"][PRESETS[0]]["random"]["success"] < 1.0  # Sokoban: random fails
+    row = data["table"][0]
+    assert row["oracle"] == 1.0 and row["val_success"] == 1.0 and row["best_step"] == 3

@@ -486,6 +486,12 @@ def test_manager_writes_the_local_engines_episode_records(workers, fake, tmp_pat
     assert len(moves) == 1 and moves[0]["valid"]
     assert f"agentrl val sample {preset} seed {won.seed}" in capsys.readouterr().out
 
+    from agentrl.report.data import run_data  # a verl run folder makes the local run's report
+
+    data = run_data(tmp_path / "run", play_references=False)
+    assert data["episodes"]["1"] == records and data["presets"] == [preset]
+    assert [step for step, _ in data["series"][f"val/{preset}/success"]] == [1]
+
 
 def episode_calls(fake, game) -> list:
     """The server calls of one episode of ``game`` (its first request's prompt is the game's)."""
