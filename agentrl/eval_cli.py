@@ -14,7 +14,8 @@ and uniformly random legal actions, the bounds a trained model sits between.
 
 Prints a table (success % with its 95% Wilson interval, mean return, mean turns, valid-action
 %, format-error %, mean response tokens per preset) and writes the same numbers with the seeds and settings as JSON to
---out (default eval_results.json). --model takes 'embedded', 'tiny', a Hugging Face folder or
+--out (default eval_results.json), with --log-episodes episodes per preset recorded turn by turn
+(`agentrl report eval_results.json` shows them). --model takes 'embedded', 'tiny', a Hugging Face folder or
 hub id, a training checkpoint folder (its actor/ model is loaded) or a training run folder (its
 newest complete checkpoint). Presets are the names in configs/agents.yaml, or 'all' (TextWorld
 presets generate their games on first use: slow once).
@@ -103,6 +104,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "a busy machine)")
     parser.add_argument("--seed", type=int, default=0,
                         help="seeds the random policy and the sampler (default 0)")
+    parser.add_argument("--log-episodes", type=non_negative_int, default=8,
+                        help="episode records (turn by turn) kept in the JSON per preset, for "
+                             "`agentrl report` (default 8; 0 = none)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -156,6 +160,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     console = Console(file=out, width=None if out.isatty() else TABLE_WIDTH)
     console.print(result.table())
     report = result.to_dict()
+    report["episodes"] = result.episode_records(args.log_episodes)
     if llm is not None:
         report["model"] = {"name": args.model, "path": model_path(args.model),
                            "sampling": dataclasses.asdict(options["sampling"]),

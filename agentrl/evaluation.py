@@ -110,6 +110,16 @@ class EvalResult:
             table.add_row(preset, *(fmt(row[key]) for key, _, fmt in TABLE_COLUMNS))
         return table
 
+    def episode_records(self, per_preset: int) -> list[dict[str, Any]]:
+        """Turn-by-turn records (:mod:`agentrl.rollout.episode_record`) of up to
+        ``per_preset`` episodes of each preset, new seeds first."""
+        from agentrl.rollout.episode_record import episode_record, sample_episodes
+
+        return [episode_record(t, split=self.split)
+                for preset in self.presets
+                for t in sample_episodes([t for t in self.trajectories if t.preset == preset],
+                                         per_preset)]
+
     def to_dict(self) -> dict[str, Any]:
         """JSON-able summary: settings, per-preset metrics, timings (no trajectories)."""
         return {
@@ -214,16 +224,20 @@ def _scripted_episode(agent: Agent, preset: str, seed: int, group_index: int, po
                       rng: np.random.Generator) -> Trajectory:
     """One text-level episode, recorded as a trajectory without tokens (turns keep the text)."""
     start = time.perf_counter()
-    agent.reset(seed=seed)
+    messages = agent.reset(seed=seed)
     turns = []
     while not agent.done:
         text = agent.oracle_response() if policy == "oracle" else agent.random_response(rng)
+        observation = messages[-1]["content"]
         result = agent.step(text)
+        messages = result.messages
         turns.append(Turn(prompt_ids=(), response_ids=(), logprobs=(), reward=result.reward,
                           format_ok=result.format_ok, num_actions=result.num_actions,
                           num_valid=result.num_valid_actions,
                           num_effective=result.num_effective_actions,
-                          truncated_by_length=False, text=text))
+                          truncated_by_length=False, text=text, observation=observation,
+                          actions=tuple(result.info["actions"]),
+                          action_valid=tuple(result.info["action_valid"])))
     metrics = turn_counts(turns)  # no tokens: response_length and the context counts read 0
     # No tokens, so no turn end positions: per-turn rewards live in ``turns``.
     return Trajectory(

@@ -1,8 +1,10 @@
-"""`agentrl play GAME`: a person plays a game in the terminal, or watches the oracle solve it.
+"""`agentrl play GAME`: a person plays a game in the terminal, or watches the oracle or a model
+play it.
 
     agentrl play sokoban --seed 3
     agentrl play tetris --preset 4x4-type2 --oracle
     agentrl play blocksworld --constrained     # only valid actions are taken
+    agentrl play sokoban --model runs/agentrl/quick --delay 1     # a model (agentrl/watch.py)
 
 Type an action per line (`help` lists them, `quit` or end of input stops). With
 ``--constrained`` a line goes to the game only when it is one of the valid actions, checked by
@@ -37,13 +39,33 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int, default=0, help="episode seed (default 0)")
     parser.add_argument("--preset", default=None, help="game preset (default: the game's own)")
     parser.add_argument("--oracle", action="store_true", help="watch the oracle solve the game")
-    parser.add_argument("--delay", type=float, default=0.0, help="seconds between oracle moves")
+    parser.add_argument("--delay", type=float, default=0.0,
+                        help="seconds between oracle moves or model turns")
     parser.add_argument("--constrained", action="store_true",
-                        help="take only valid actions (as constrained decoding does); others "
-                             "are refused")
+                        help="take only valid actions (as constrained decoding does): a person's "
+                             "other lines are refused; a model decodes under the answer grammar")
+    model = parser.add_argument_group("watching a model (--model)")
+    model.add_argument("--model", default=None,
+                       help="watch this model play: embedded, tiny, an HF folder or hub id, a "
+                            "checkpoint or a run folder (as agentrl eval --model)")
+    model.add_argument("--agent-preset", default=None,
+                       help="agent preset (prompts, limits) the model plays with (default: the "
+                            "game's first in configs/agents.yaml matching --preset)")
+    model.add_argument("--temperature", type=float, default=0.0,
+                       help="sampling temperature (default 0: greedy)")
+    model.add_argument("--max-new-tokens", type=int, default=None,
+                       help="cap on one reply's tokens (default: the preset's)")
+    model.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
+                       help="where the model runs (default auto)")
+    model.add_argument("--pause", action="store_true",
+                       help="wait for Enter after each model turn (q or end of input stops)")
 
 
 def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
+    if args.model is not None:
+        from agentrl import watch
+
+        return watch.run(args, stdin, out)
     kwargs = {} if args.preset is None else {"preset": args.preset}
     env = gymnasium.make(env_id(args.game), **kwargs)
     game = env.unwrapped

@@ -67,3 +67,59 @@ def test_constrained_play_refuses_what_is_not_a_valid_action():
     assert constrained.stdout.count("refused:") == 2
     assert constrained.stdout.count("reward ") == 1 and "> LEFT" in constrained.stdout
     assert free.stdout.count("reward ") == 3 and "refused:" not in free.stdout
+
+
+# -- watching a model (--model) ---------------------------------------------------------------------
+def test_a_model_plays_turn_by_turn_until_q_on_standard_input():
+    result = agentrl("play", "sokoban", "--model", "tiny", "--seed", "3", "--max-new-tokens", "8",
+                     "--pause", stdin="\n\nq\nnever read\n")
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "tiny plays as simpleSokobanAgent" in out
+    assert [f"-- turn {n} --" in out for n in (1, 2, 3, 4)] == [True, True, True, False]
+    assert out.count("reply: ") == 3 and out.count("#") > 20  # replies and boards
+    assert "== stopped: success=False" in out and "turns=3" in out
+
+
+def test_a_model_plays_a_whole_episode_without_pauses():
+    result = agentrl("play", "bandit", "--model", "tiny", "--max-new-tokens", "8")
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert "-- turn 1 --" in result.stdout
+    assert "== over: success=False" in result.stdout or "== SOLVED" in result.stdout
+
+
+def test_an_agent_preset_of_another_game_is_named():
+    result = agentrl("play", "sokoban", "--model", "tiny", "--agent-preset", "banditAgent")
+    assert result.returncode == 2
+    assert "not a Sokoban preset; allowed: simpleSokobanAgent" in result.stderr
+
+
+def test_the_watched_agent_shows_each_actions_validity_and_the_board():
+    import dataclasses
+
+    from agentrl.agents import Agent, load_agent_presets
+    from agentrl.watch import WatchedAgent
+
+    lines, waits = [], []
+    one_move = dataclasses.replace(load_agent_presets()["simpleSokobanAgent"],
+                                   max_actions_per_turn=1)
+    agent = Agent(one_move)
+    watched = WatchedAgent(agent, lines.append, lambda: waits.append(1))
+    watched.reset(seed=3)
+    result = watched.step("<think>try</think><answer>Jump</answer>")
+    assert not result.done and waits == [1]  # the episode goes on: it waits before the next turn
+    assert "Jump (INVALID)" in "\n".join(lines)
+    watched.step(agent.oracle_response())
+    shown = "\n".join(lines)
+    assert "(valid)" in shown and "-- turn 2 --" in shown and agent.observation in shown
+    agent.close()
+
+
+def test_a_constrained_model_takes_only_valid_actions():
+    """--constrained with --model: the tiny random model decodes under the answer grammar, so
+    every reply is well formed and every action valid (without it, its replies are noise)."""
+    result = agentrl("play", "sokoban", "--model", "tiny", "--seed", "3", "--constrained")
+    assert result.returncode == 0, result.stderr[-2000:]
+    out = result.stdout
+    assert "-- turn 1 --" in out and "(valid)" in out
+    assert "INVALID" not in out and "format error" not in out.lower()

@@ -98,7 +98,8 @@ class TurnResult:
     info: dict
     """JSON-able details: ``turn``, ``actions_left``, ``terminated`` (the game itself ended:
     solved or lost, vs. a limit), ``truncated``, ``format_error``, ``actions`` (run),
-    ``invalid_actions``, ``dropped_over_turn_limit``, ``episode_return``."""
+    ``action_valid`` (one flag per run action), ``invalid_actions``, ``dropped_over_turn_limit``,
+    ``episode_return``."""
 
 
 class Agent:
@@ -121,6 +122,11 @@ class Agent:
         self.success = False
         self.episode_return = 0.0
         self._observation = ""
+
+    @property
+    def observation(self) -> str:
+        """The game's newest text observation (the board), as the env returned it."""
+        return self._observation
 
     @property
     def actions_left(self) -> int:
@@ -150,13 +156,14 @@ class Agent:
                                 max_actions=config.max_actions_per_turn,
                                 answer_format=config.answer_format)
         to_run = parsed.actions[: self.actions_left] if parsed.format_ok else ()
-        run, invalid, reward, valid, effective = [], [], 0.0, 0, 0
+        run, invalid, flags, reward, valid, effective = [], [], [], 0.0, 0, 0
         terminated = truncated = False
         for action in to_run:
             self._observation, step_reward, terminated, truncated, info = self.env.step(action)
             run.append(action)
             reward += float(step_reward)
             valid += bool(info["action_is_valid"])
+            flags.append(bool(info["action_is_valid"]))
             effective += bool(info["action_is_effective"])
             if not info["action_is_valid"]:
                 invalid.append(action)
@@ -180,6 +187,7 @@ class Agent:
             "truncated": self.done and not terminated,
             "format_error": parsed.error,
             "actions": run,
+            "action_valid": flags,
             "invalid_actions": invalid,
             "dropped_over_turn_limit": parsed.dropped_actions,
             "episode_return": self.episode_return,

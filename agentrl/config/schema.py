@@ -40,6 +40,8 @@ __all__ = [
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
 """``project`` and ``experiment`` become folder names under ``runs/``."""
+MAX_LOG_EPISODES = 256
+"""Cap of ``trainer.log_episodes``: episode records are a sample, never the whole batch."""
 BUILTIN_POLICY_LOSS = "vanilla"
 """Known to be in verl's registry: the default config never pays for importing verl (~10 s)."""
 
@@ -385,6 +387,10 @@ class TrainerConfig(Section):
     """null = offline unless WANDB_API_KEY is set (then online)."""
     plot: bool = True
     """Write the learning-curve PNG at the end of the run."""
+    log_episodes: int = setting(4, lambda v: 0 <= v <= MAX_LOG_EPISODES,
+                                f"an integer from 0 to {MAX_LOG_EPISODES} (0 = none)")
+    """Finished episodes recorded per step and split in <run_dir>/episodes/step_N.jsonl (and a
+    WandB table): per turn the observation, the reply, the actions, the reward, the flags."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -151,6 +151,12 @@ def _window_start(block_starts: list[int], current: int, history_window: int,
     return kept[0] if kept else current
 
 
+def _user_text(messages: list[dict]) -> str:
+    """The newest user message's text (what a turn's record shows as its observation)."""
+    users = [m.get("content") for m in messages if m.get("role") == "user"]
+    return str(users[-1]) if users else ""
+
+
 def first_prompt_ids(tokenizer: Any, messages: list[dict]) -> list[int]:
     """The opening chat with the generation prompt, as ids."""
     ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=True,
@@ -207,6 +213,7 @@ async def run_episode(
     block_starts: list[int] = []  # where each turn block (reply + next observation) begins
     window_start = 0  # context = prompt_ids + response_ids[window_start:]
     next_prompt = list(prompt_ids)
+    observation = _user_text(messages)
     context_exhausted = False
     reply_end = 0
     while True:
@@ -254,12 +261,15 @@ async def run_episode(
             reward=float(result.reward), format_ok=result.format_ok,
             num_actions=result.num_actions, num_valid=result.num_valid_actions,
             num_effective=result.num_effective_actions, truncated_by_length=cut, text=text,
-            context_start=window_start,
+            context_start=window_start, observation=observation,
+            actions=tuple(result.info.get("actions", ())),
+            action_valid=tuple(result.info.get("action_valid", ())),
             token_masks=turn_masks if any(m is not None for m in turn_masks) else None))
         if result.done:
             break
         start = time.perf_counter()
         next_prompt = suffix(result.messages)
+        observation = _user_text(result.messages)
         timings["tokenize_s"] += time.perf_counter() - start
         reply_end = len(response_ids)
         response_ids += next_prompt

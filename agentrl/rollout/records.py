@@ -48,6 +48,13 @@ class Turn:
     token_masks: tuple[Any, ...] | None = None
     """Constrained decoding: per response id, the engine's ``TokenMask`` (the tokens it could
     choose from); None when the reply was free."""
+    observation: str = ""
+    """The user message this reply answered (turn 1: instructions and the first state; then the
+    feedback and the new state): what episode records show as the board."""
+    actions: tuple[str, ...] = ()
+    """The actions run in the game this turn, in order."""
+    action_valid: tuple[bool, ...] = ()
+    """One flag per entry of ``actions``: the game accepted it."""
 
 
 def turn_counts(turns: list[Turn]) -> dict[str, float]:

@@ -31,6 +31,8 @@ pass of the update (:func:`agentrl.trainers.policy.checkpointing`), with dropout
 Validation (greedy, held-out seeds and presets) runs before training and every ``test_freq``
 steps; a checkpoint is written every ``save_freq`` steps and at the end; ``resume=auto``
 continues from the newest complete checkpoint with the same run id and metric history.
+Every step also records ``trainer.log_episodes`` finished episodes per split, turn by turn, in
+``<run_dir>/episodes/step_N.jsonl`` (:mod:`agentrl.trainers.episode_log`).
 
 Guards (:mod:`agentrl.trainers.guards`): a non-finite reward, advantage or loss skips that
 update (``guard/skipped_updates``) with a warning; collapse signs are measured every step and
@@ -61,11 +63,13 @@ from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.models.precision import compute_precision
 from agentrl.rollout import filter_groups, normalize_returns, rollout_metrics, run_groups, to_batch
+from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers import ppo
 from agentrl.trainers.checkpoint import (
     capture_rng_state, load_checkpoint, restore_rng_state, restore_weights, resume_checkpoint,
     save_checkpoint,
 )
+from agentrl.trainers.episode_log import EpisodeLog
 from agentrl.trainers.guards import (
     all_finite, collapse_metrics, logprob_gap, warn_if_entropy_collapsed,
 )
@@ -150,6 +154,8 @@ class LocalTrainer:
                                compute_dtype=self.compute_dtype)
         self.loop = asyncio.new_event_loop()
         self.step = 0
+        self.episode_samples: list[dict[str, Any]] = []
+        """Episode records of the step being run (``trainer.log_episodes`` per split)."""
         r = config.rollout
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                        max_new_tokens=r.max_new_tokens,
@@ -211,18 +217,25 @@ class LocalTrainer:
                              resume_step=self.step if checkpoint is not None else None,
                              total_steps=config.train.total_steps,
                              console="console" in config.trainer.logger)
+        episode_log = EpisodeLog(run_dir)
+        episode_log.drop_after(self.step if checkpoint is not None else None)
         total, freq = config.train.total_steps, config.val.test_freq
         last_saved = checkpoint
         with tracker:
             if self.step == 0 and config.val.before_train:
-                tracker.log(0, self.validate())
+                self.episode_samples = []
+                tracker.log(0, self.validate(), self.episode_samples)
+                episode_log.write(0, self.episode_samples)
             while self.step < total:
                 step = self.step + 1
+                self.episode_samples = []
                 metrics = self.train_step(step)
                 self.step = step
                 if freq and (step % freq == 0 or step == total):
                     metrics.update(self.validate())
-                tracker.log(step, metrics)  # before the save: a saved step is always logged
+                # before the save: a saved step is always logged
+                tracker.log(step, metrics, self.episode_samples)
+                episode_log.write(step, self.episode_samples)
                 if step == total or (config.trainer.save_freq and step % config.trainer.save_freq == 0):
                     last_saved = self.save(run_dir)
         plot = None
@@ -240,7 +253,14 @@ class LocalTrainer:
             tokenizer=self.tokenizer, sampling=self.val_sampling,
             max_context_tokens=self.config.rollout.max_context_tokens,
             progress="console" in self.config.trainer.logger))
+        self._sample_episodes(result.trajectories, "val", self.step)
         return {k: v for k, v in result.metrics.items() if not k.startswith("timing/")}
+
+    def _sample_episodes(self, trajectories, split: str, step: int) -> None:
+        """Keep ``trainer.log_episodes`` of these episodes' records for this step's log."""
+        self.episode_samples += [
+            episode_record(t, split=split, step=step)
+            for t in sample_episodes(trajectories, self.config.trainer.log_episodes)]
 
     def save(self, run_dir: Path) -> Path:
         """A complete checkpoint of this step (see :mod:`agentrl.trainers.checkpoint`)."""
@@ -288,6 +308,7 @@ class LocalTrainer:
                 step, config.train.group_num, config.seed), config.train.group_size,
                 self.sampling, desc=f"step {step} rollout")
         metrics.update(rollout_metrics(trajectories, split="train"))
+        self._sample_episodes(trajectories, "train", step)
         metrics.update(collapse_metrics(trajectories, self.sampling.max_new_tokens))
         with timer("filter"):
             r = config.rollout

@@ -43,12 +43,14 @@ import re
 import secrets
 import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
 from typing import Any
 
 from tqdm.auto import tqdm
+
+from agentrl.rollout.episode_record import episode_table, sample_line
 
 __all__ = [
     "METRICS_FILE", "REDACTED", "RUN_FILE", "WANDB_MODES", "RunTracker", "keep_metrics",
@@ -302,6 +304,14 @@ def _start_wandb(run_dir: Path, project: str, experiment: str, run_id: str, conf
         return None
 
 
+def _wandb_table(episodes: Sequence[Mapping[str, Any]]) -> Any:
+    """The episode records as a ``wandb.Table`` (one row per turn)."""
+    import wandb
+
+    columns, rows = episode_table(episodes)
+    return wandb.Table(columns=list(columns), data=rows)
+
+
 # --- the tracker ---------------------------------------------------------------------------
 
 class RunTracker:
@@ -335,9 +345,12 @@ class RunTracker:
                             f"after step {resume_step} (they will be redone)")
         return kept[-1]["step"] if kept else None
 
-    def log(self, step: int, metrics: Mapping[str, Any]) -> None:
+    def log(self, step: int, metrics: Mapping[str, Any],
+            episodes: Sequence[Mapping[str, Any]] = ()) -> None:
         """Record ``step``'s metrics: a JSONL line (flushed), WandB, and a console line.
-        Steps must increase: logging a step twice is an error, not a second record."""
+        Steps must increase: logging a step twice is an error, not a second record.
+        ``episodes`` (episode records of the step) go to WandB as the table ``episodes``
+        (one row per turn), and a validation episode's first reply to the console."""
         if isinstance(step, bool) or not isinstance(step, int) or step < 0:
             raise ValueError(f"step must be a non-negative int, got {step!r}")
         if self.last_step is not None and step <= self.last_step:
@@ -349,9 +362,14 @@ class RunTracker:
         self.last_step = step
         if self.wandb_run is not None:
             values = {k: v for k, v in record.items() if k not in RESERVED_KEYS and v is not None}
+            if episodes:
+                values["episodes"] = _wandb_table(episodes)
             self.wandb_run.log(values, step=step)
         if self.console:
             tqdm.write(summary_line(step, record, self.total_steps))
+            line = sample_line([e for e in episodes if e.get("split") == "val"])
+            if line:
+                tqdm.write("  " + line)
 
     def progress(self, stage: str, total: int | None = None, *, unit: str = "it") -> tqdm:
         """A progress bar for one stage of a step (cleared when done; hidden off a terminal)."""

@@ -54,6 +54,10 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   :class:`GameAgentLoopManager` logs every batch's ``train/<preset>/...`` or ``val/<preset>/...``
   metrics under the local engine's names (:mod:`agentrl.verl.metrics`). An episode the
   response budget ended counts as ``context_exhausted``.
+- **Episode records.** ``extra_fields["agentrl_episode_record"]`` carries the episode's record
+  (per turn the observation, reply, actions and flags; bounded, about as many characters as the
+  episode has tokens); the manager takes that column out of the batch and writes a sample
+  (:mod:`agentrl.verl.episodes`), as the local engine does.
 - **Off the event loop.** Building the agent, its first reset (TextWorld may generate the game:
   ~1-2 s) and the first prompt's tokenization run in a worker thread; members of a group
   wait for one another there, so a game is made once per process. ``run_episode`` runs slow env
@@ -97,7 +101,9 @@ from agentrl.engines import SamplingParams
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import REWARD_PLACEMENTS, ChatSuffix, Trajectory, run_episode
 from agentrl.rollout.batch import kept_turns, token_rewards
+from agentrl.rollout.episode_record import episode_record
 from agentrl.verl import AGENT_NAME
+from agentrl.verl.episodes import VerlEpisodeLog
 from agentrl.verl.metrics import EpisodeMetricsLog
 
 __all__ = [
@@ -111,6 +117,9 @@ TOKEN_REWARDS = "token_rewards"
 """``extra_fields`` key: one reward per response token (becomes ``rm_scores``)."""
 EPISODE_INFO = "agentrl_episode"
 """``extra_fields`` key: the episode's ``EpisodeOutcome.to_dict()`` plus its row ``index``."""
+EPISODE_RECORD = "agentrl_episode_record"
+"""``extra_fields`` key: the episode's record (:mod:`agentrl.rollout.episode_record`); the
+manager removes it from the batch."""
 TASK_FIELDS = ("preset", "seed", "agent_config", "max_context_tokens", "reward_placement")
 """What ``extra_info`` must hold (written by :mod:`agentrl.verl.data`)."""
 
@@ -405,7 +414,8 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
                                  num_preempted=num_preempted),
         extra_fields={**(server_fields or {}), TOKEN_REWARDS: rewards,
                       "turn_scores": [reward for _, reward in kept_turns(trajectory, end)],
-                      "tool_rewards": [], EPISODE_INFO: info},
+                      "tool_rewards": [], EPISODE_INFO: info,
+                      EPISODE_RECORD: episode_record(trajectory, split="")},
     )
 
 
@@ -512,13 +522,16 @@ class GameAgentLoopManager(AgentLoopManager):
         self.agent_loop_workers_class = ray.remote(GameAgentLoopWorker)
         super().__init__(*args, **kwargs)
         self.episode_metrics = EpisodeMetricsLog.for_verl(self.config)
+        self.episode_log = VerlEpisodeLog.for_verl(self.config)
 
     @auto_await
     async def generate_sequences(self, prompts: DataProto) -> DataProto:
         output = await super().generate_sequences(prompts)
         validate = bool(prompts.meta_info.get("validate", False))
         rollout = self.rollout_config
-        self.episode_metrics.log_batch(
-            output.non_tensor_batch.get(EPISODE_INFO), prompts.meta_info,
-            per_row=int(rollout.val_kwargs.n if validate else rollout.n))
+        per_row = int(rollout.val_kwargs.n if validate else rollout.n)
+        infos = output.non_tensor_batch.get(EPISODE_INFO)
+        self.episode_metrics.log_batch(infos, prompts.meta_info, per_row=per_row)
+        self.episode_log.log_batch(output.non_tensor_batch.pop(EPISODE_RECORD, None), infos,
+                                   prompts.meta_info, per_row=per_row)
         return output

@@ -224,6 +224,7 @@ def _trainer(config: TrainConfig) -> dict[str, Any]:
         "trainer.max_actor_ckpt_to_keep": t.keep_last,
         "trainer.max_critic_ckpt_to_keep": t.keep_last,
         "trainer.resume_mode": resume,
+        "+trainer.agentrl_log_episodes": t.log_episodes,  # read by agentrl.verl.episodes
     }
     if resume == "resume_path":
         out["trainer.resume_from_path"] = str(Path(config.resume).resolve())

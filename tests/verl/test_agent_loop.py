@@ -398,14 +398,13 @@ class InProcessWorker:
         self.generate_sequences = SimpleNamespace(remote=worker.generate_sequences)
 
 
-def test_manager_logs_our_metric_names_for_training_and_padded_validation(
-        workers, fake, tmp_path, tokenizer, presets):
+def manager_rollouts(workers, fake, tmp_path, tokenizer, presets, **trainer):
+    """``GameAgentLoopManager`` over verl's legacy worker, a won and a lost game, run dir
+    ``tmp_path/run``: a training batch (n = 2) and a padded validation batch at step 1.
+    Returns (preset, won, lost, outputs)."""
     from omegaconf import open_dict
     from verl import DataProto
     from verl.protocol import pad_dataproto_to_divisor
-
-    from agentrl.rollout import EpisodeOutcome, rollout_metrics
-    from agentrl.trainers.tracking import read_metrics
 
     preset = "simpleSokobanAgent"
     config = one_action_per_turn(presets, preset)
@@ -417,6 +416,7 @@ def test_manager_logs_our_metric_names_for_training_and_padded_validation(
     with open_dict(verl_cfg):
         verl_cfg.trainer.default_local_dir = str(tmp_path / "run" / "checkpoints")
         verl_cfg.trainer.logger = ["console"]
+        verl_cfg.trainer.update(trainer)
     manager = agent_loop.GameAgentLoopManager(verl_cfg, None)
     manager.agent_loop_workers = [InProcessWorker(worker)]
     rows = [task_row(game, index, max_context_tokens=4096)
@@ -430,10 +430,18 @@ def test_manager_logs_our_metric_names_for_training_and_padded_validation(
         batch.meta_info.update(meta_info)
         return manager.generate_sequences(batch)
 
-    generate({"global_steps": 1}, n=2)  # rollout.n = 2
-    generate({"global_steps": 1, "validate": True}, n=1, divisor=3)  # [won, lost, won copy]
+    outputs = [generate({"global_steps": 1}, n=2),  # rollout.n = 2
+               generate({"global_steps": 1, "validate": True}, n=1, divisor=3)]  # [won, lost, won copy]
     assert len(fake.calls) == sum(len(g.replies) for g in (won, lost, won))  # the copy played
+    return preset, won, lost, outputs
 
+
+def test_manager_logs_our_metric_names_for_training_and_padded_validation(
+        workers, fake, tmp_path, tokenizer, presets):
+    from agentrl.rollout import EpisodeOutcome, rollout_metrics
+    from agentrl.trainers.tracking import read_metrics
+
+    preset, won, lost, _ = manager_rollouts(workers, fake, tmp_path, tokenizer, presets)
     train, val = read_metrics(tmp_path / "run" / "metrics.jsonl")
     p = f"train/{preset}"
     replies = [len(won.replies), len(lost.replies)]
@@ -478,3 +486,44 @@ def test_a_vllm_reply_ending_on_another_eos_id_is_not_cut(tokenizer, presets, tm
     assert end_of_turn_ids(tokenizer)[0] not in observation[:1]  # no closing token added
     # the budget (replies only here: no BudgetedAgent) counted no closing token
     assert budget.used == sum(len(call.token_ids) for call in server.calls)
+
+
+def test_manager_writes_the_local_engines_episode_records(workers, fake, tmp_path, tokenizer,
+                                                          presets, capsys):
+    from agentrl.trainers.episode_log import read_episodes
+
+    preset, won, lost, outputs = manager_rollouts(workers, fake, tmp_path, tokenizer, presets,
+                                                  agentrl_log_episodes=3)
+    for output in outputs:  # the text goes no further than the manager
+        assert agent_loop.EPISODE_RECORD not in output.non_tensor_batch
+    records = read_episodes(tmp_path / "run")[1]
+    train = [r for r in records if r["split"] == "train"]
+    val = [r for r in records if r["split"] == "val"]
+    assert len(train) == 3  # of 4 episodes: trainer.log_episodes, never the whole batch
+    assert [r["seed"] for r in train[:2]] == [won.seed, lost.seed]  # a new game before a repeat
+    assert sorted(r["seed"] for r in val) == [won.seed, lost.seed]  # the padding copy is left out
+    by_seed = {r["seed"]: r for r in val}
+    for game in (won, lost):
+        record = by_seed[game.seed]
+        assert record["step"] == 1 and record["preset"] == preset
+        assert [t["reply"] for t in record["turns"]] == [
+            fake.tokenizer.decode(call.token_ids, skip_special_tokens=True)
+            for call in episode_calls(fake, game)]
+        assert [t["reward"] for t in record["turns"]] == pytest.approx(game.rewards)
+        assert record["turns"][0]["format_error"] and "#" in record["turns"][0]["observation"]
+        assert record["success"] == game.success
+    moves = by_seed[won.seed]["turns"][1]["actions"]
+    assert len(moves) == 1 and moves[0]["valid"]
+    assert f"agentrl val sample {preset} seed {won.seed}" in capsys.readouterr().out
+
+    from agentrl.report.data import run_data  # a verl run folder makes the local run's report
+
+    data = run_data(tmp_path / "run", play_references=False)
+    assert data["episodes"]["1"] == records and data["presets"] == [preset]
+    assert [step for step, _ in data["series"][f"val/{preset}/success"]] == [1]
+
+
+def episode_calls(fake, game) -> list:
+    """The server calls of one episode of ``game`` (its first request's prompt is the game's)."""
+    return next(calls for calls in fake.episodes().values()
+                if calls[0].prompt_ids == game.prompt_ids)

@@ -1,0 +1,241 @@
+"""What the report page shows, gathered from a run folder or an ``agentrl eval --out`` file into
+one JSON-able dict (the page's embedded data).
+
+- **Config summary**: ``<run_dir>/config.yaml`` (verl runs) or the newest checkpoint's
+  ``config.yaml`` (local runs), flattened to ``key: value`` rows (the agent presets left out).
+- **Curves**: ``metrics.jsonl``: per preset ``success``, ``return``, ``format_error``,
+  ``action_is_valid``, ``turns``, ``response_length`` (train and val), and the trainer's losses,
+  entropy, KL and step time, values rounded to 4 significant digits.
+- **Reference lines**: random and oracle success per preset, from ``agentrl eval --policy
+  random|oracle --out FILE`` results given with ``--reference``, and (unless turned off) from
+  the oracle and random policies played now on the run's own validation seeds
+  (:func:`agentrl.evaluation.evaluate`, text level, no model: seconds for grid games).
+- **Per-preset table**: the last and best validation success, return, turns, valid-action and
+  format-error rates, the last training success, and the references.
+- **Episodes**: ``episodes/step_N.jsonl`` of at most ``max_episode_steps`` steps, evenly spread
+  and always with the first and the last, so a 1,000-step run gives a page of a few MB at most.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from agentrl.trainers.episode_log import read_episodes, step_files
+from agentrl.trainers.tracking import read_metrics
+
+__all__ = ["CURVE_SUFFIXES", "TRAINER_KEYS", "eval_data", "run_data", "spread"]
+
+CURVE_SUFFIXES = ("success", "return", "format_error", "action_is_valid", "turns",
+                  "response_length")
+"""Per-preset metrics drawn (``train/<preset>/<suffix>`` and ``val/<preset>/<suffix>``)."""
+TRAINER_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/ppo_kl", "actor/kl",
+                "actor/kl_loss", "actor/grad_norm", "timing/step_s", "timing_s/step")
+"""Trainer metrics drawn when present (local and verl names)."""
+SUMMARY_KEYS = ("experiment", "backend", "model.name", "train.presets", "val.presets",
+                "train.total_steps", "train.group_num", "train.group_size", "val.group_num",
+                "val.test_freq", "algorithm.adv_estimator", "actor.lr", "rollout.temperature",
+                "rollout.max_new_tokens", "seed")
+"""Config keys shown first (the rest follow under 'all settings')."""
+DEFAULT_MAX_EPISODE_STEPS = 40
+REFERENCE_POLICIES = ("random", "oracle")
+
+
+def spread(items: Sequence[int], count: int) -> list[int]:
+    """At most ``count`` of ``items`` (sorted), evenly spaced, with the first and the last."""
+    items = sorted(items)
+    if len(items) <= count:
+        return items
+    if count <= 1:
+        return items[-1:]
+    picks = {items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)}
+    return sorted(picks)
+
+
+def _round(value: Any) -> float | None:
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+        return None
+    return float(f"{value:.4g}")
+
+
+def _flatten(config: Any, prefix: str = "") -> list[list[str]]:
+    rows = []
+    if isinstance(config, Mapping):
+        for key, value in config.items():
+            if not prefix and key == "agents":
+                continue  # every preset's settings: long, and in configs/agents.yaml
+            rows += _flatten(value, f"{prefix}{key}.")
+        return rows
+    text = json.dumps(config) if isinstance(config, (list, dict)) else str(config)
+    return [[prefix[:-1], text[:300]]]
+
+
+def run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved config: ``config.yaml`` in the run folder, else the newest
+    checkpoint's; ``{}`` when neither exists."""
+    import yaml
+
+    candidates = [run_dir / "config.yaml"]
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir():
+        candidates += sorted(checkpoints.glob("step_*/config.yaml"), reverse=True)
+    for path in candidates:
+        if path.is_file():
+            loaded = yaml.safe_load(path.read_text())
+            return loaded if isinstance(loaded, dict) else {}
+    return {}
+
+
+def _summary(config: Mapping[str, Any], extra: Iterable[tuple[str, str]] = ()) -> dict:
+    rows = _flatten(config)
+    index = {key: value for key, value in rows}
+    first = [[key, index[key]] for key in SUMMARY_KEYS if key in index]
+    return {"summary": [*([k, v] for k, v in extra), *first], "all": rows}
+
+
+def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
+    keys = sorted({k for r in records for k in r
+                   if (k.split("/")[0] in ("train", "val") and k.count("/") == 2
+                       and k.rsplit("/", 1)[1] in CURVE_SUFFIXES) or k in TRAINER_KEYS})
+    series = {}
+    for key in keys:
+        points = [[r["step"], _round(r[key])] for r in records if _round(r.get(key)) is not None]
+        if points:
+            series[key] = points
+    return series
+
+
+def _presets(series: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
+    named = [*config.get("train", {}).get("presets", []), *config.get("val", {}).get("presets", [])]
+    found = [key.split("/")[1] for key in series if key.count("/") == 2
+             and key.split("/")[0] in ("train", "val")]
+    return list(dict.fromkeys([*named, *found]))
+
+
+def read_references(paths: Iterable[str | Path]) -> dict[str, dict[str, dict[str, Any]]]:
+    """``{preset: {policy: {"success": s, "return": r, "source": file}}}`` from eval files of
+    the random or oracle policy (other policies' files are skipped)."""
+    references: dict[str, dict[str, dict[str, Any]]] = {}
+    for path in paths:
+        data = json.loads(Path(path).read_text())
+        policy = data.get("policy")
+        if policy not in REFERENCE_POLICIES:
+            continue
+        for preset, row in data.get("presets", {}).items():
+            references.setdefault(preset, {})[policy] = {
+                "success": _round(row.get("success")), "return": _round(row.get("return")),
+                "source": Path(path).name}
+    return references
+
+
+def played_references(presets: Sequence[str], groups: int) -> dict[str, dict[str, dict]]:
+    """The random and oracle policies' success on the first ``groups`` validation seeds (the
+    seeds validation plays), per preset; presets unknown here are skipped."""
+    import asyncio
+
+    from agentrl.agents import load_agent_presets
+    from agentrl.evaluation import evaluate
+
+    available = load_agent_presets()
+    chosen = {p: available[p] for p in presets if p in available}
+    references: dict[str, dict[str, dict[str, Any]]] = {}
+    if not chosen:
+        return references
+    for policy in REFERENCE_POLICIES:
+        result = asyncio.run(evaluate(chosen, policy, groups=groups, progress=False))
+        for preset in chosen:
+            row = result.preset_metrics(preset)
+            references.setdefault(preset, {})[policy] = {
+                "success": _round(row["success"]), "return": _round(row["return"]),
+                "source": f"played now on {groups} validation seeds"}
+    return references
+
+
+def _merge(*sources: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for source in sources:  # later sources win
+        for preset, policies in source.items():
+            merged.setdefault(preset, {}).update(policies)
+    return merged
+
+
+def _table(presets: Sequence[str], series: Mapping[str, list], references: Mapping) -> list:
+    rows = []
+    for preset in presets:
+        row: dict[str, Any] = {"preset": preset}
+        val = series.get(f"val/{preset}/success", [])
+        if val:
+            row["val_success"] = val[-1][1]
+            best = max(val, key=lambda point: point[1])
+            row["best_val_success"], row["best_step"] = best[1], best[0]
+        for suffix in ("return", "turns", "action_is_valid", "format_error"):
+            points = series.get(f"val/{preset}/{suffix}", [])
+            if points:
+                row[f"val_{suffix}"] = points[-1][1]
+        train = series.get(f"train/{preset}/success", [])
+        if train:
+            row["train_success"] = train[-1][1]
+        for policy in REFERENCE_POLICIES:
+            ref = references.get(preset, {}).get(policy)
+            if ref is not None:
+                row[policy] = ref["success"]
+        rows.append(row)
+    return rows
+
+
+def run_data(run_dir: str | Path, *, reference_files: Iterable[str | Path] = (),
+             play_references: bool = True,
+             max_episode_steps: int = DEFAULT_MAX_EPISODE_STEPS) -> dict[str, Any]:
+    """The page data of a training run folder (local or verl: the same files)."""
+    run_dir = Path(run_dir)
+    if not (run_dir / "metrics.jsonl").is_file() and not step_files(run_dir):
+        raise ValueError(f"{run_dir} has neither metrics.jsonl nor episodes/: not a run folder "
+                         "(or an `agentrl eval --out` file)")
+    config = run_config(run_dir)
+    run = {}
+    if (run_dir / "run.json").is_file():
+        run = json.loads((run_dir / "run.json").read_text())
+    records = read_metrics(run_dir / "metrics.jsonl")
+    series = _curves(records)
+    presets = _presets(series, config)
+    references = read_references(reference_files)
+    if play_references:
+        val_presets = [p for p in presets if p not in references]
+        groups = int(config.get("val", {}).get("group_num", 4))
+        references = _merge(played_references(val_presets, groups), references)
+    steps = spread(list(step_files(run_dir)), max_episode_steps)
+    episodes = {step: recs for step, recs in read_episodes(run_dir).items() if step in steps}
+    last_step = records[-1]["step"] if records else None
+    extra = [("run folder", str(run_dir)), ("run id", str(run.get("run_id", "?"))),
+             ("steps logged", str(last_step))]
+    return {"kind": "run", "title": f"agentrl run {run.get('run_id') or run_dir.name}",
+            "config": _summary(config, extra), "series": series, "presets": presets,
+            "references": references, "table": _table(presets, series, references),
+            "episodes": {str(step): recs for step, recs in episodes.items()},
+            "episode_steps_total": len(step_files(run_dir))}
+
+
+def eval_data(path: str | Path) -> dict[str, Any]:
+    """The page data of an ``agentrl eval --out`` file: its table and its episodes."""
+    path = Path(path)
+    data = json.loads(path.read_text())
+    if not isinstance(data, dict) or "presets" not in data:
+        raise ValueError(f"{path} is not an `agentrl eval --out` file (no 'presets')")
+    presets = list(data["presets"])
+    table = []
+    for preset, row in data["presets"].items():
+        table.append({"preset": preset, "val_success": _round(row.get("success")),
+                      "val_return": _round(row.get("return")), "val_turns": _round(row.get("turns")),
+                      "val_action_is_valid": _round(row.get("action_is_valid")),
+                      "val_format_error": _round(row.get("format_error"))})
+    model = data.get("model", {}).get("name") if isinstance(data.get("model"), dict) else None
+    extra = [("file", str(path)), ("policy", str(model or data.get("policy"))),
+             ("split", str(data.get("split"))), ("seeds", str(data.get("seeds"))),
+             ("group size", str(data.get("group_size")))]
+    return {"kind": "eval", "title": f"agentrl eval {path.name}",
+            "config": {"summary": [[k, v] for k, v in extra], "all": []}, "series": {},
+            "presets": presets, "references": {}, "table": table,
+            "episodes": {"eval": data.get("episodes", [])}, "episode_steps_total": 1}

@@ -1,0 +1,68 @@
+"""`agentrl report RUN_DIR`: one self-contained HTML page of a training run (or of an `agentrl
+eval --out` file) to open in any browser, offline.
+
+    agentrl report runs/agentrl/quick                      # -> runs/agentrl/quick/report.html
+    agentrl report runs/agentrl/quick --reference random.json oracle.json
+    agentrl report eval_results.json                       # -> eval_results.html
+
+The page shows the run's config, learning curves from metrics.jsonl (success per preset with
+random and oracle reference lines, return, format errors, valid actions, losses), a per-preset
+table, and an episode browser over episodes/step_N.jsonl: pick a step, a split and a preset,
+step through an episode turn by turn (observation, reply, actions, reward, flags), and compare
+the same held-out game at another step side by side. The address keeps the selection
+(#step=..&split=..&preset=..&seed=..&turn=..&compare=..), so a link opens the same view.
+
+Reference lines: `agentrl eval --policy random|oracle --out FILE` results given with
+--reference, and, unless --no-play-references, the oracle and random policies played now on the
+run's validation seeds (no model; seconds for the grid games, TextWorld makes its games once).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from agentrl.eval_cli import positive_int
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("source", help="a run folder (local or verl) or an `agentrl eval --out` "
+                                       "JSON file")
+    parser.add_argument("--out", default=None,
+                        help="HTML file to write (default: RUN_DIR/report.html, or the eval "
+                             "file's name with .html)")
+    parser.add_argument("--reference", nargs="+", default=[], metavar="EVAL_JSON",
+                        help="`agentrl eval --policy random|oracle --out` files: reference lines")
+    parser.add_argument("--no-play-references", action="store_true",
+                        help="do not play the random and oracle policies on the validation seeds")
+    parser.add_argument("--screenshot", default=None, metavar="PNG",
+                        help="also save a headless-Chromium screenshot of the page (needs "
+                             "chromium)")
+    parser.add_argument("--max-episode-steps", type=positive_int, default=40,
+                        help="steps whose episodes the page holds, evenly spread with the first "
+                             "and last (default 40: keeps a 1,000-step run's page small)")
+
+
+def run(args: argparse.Namespace, out=None) -> int:
+    from agentrl.report import write_report
+
+    out = out or sys.stdout
+    options = {}
+    if not _is_file(args.source):
+        options = {"reference_files": args.reference,
+                   "play_references": not args.no_play_references,
+                   "max_episode_steps": args.max_episode_steps}
+    path = write_report(args.source, args.out, **options)
+    size = path.stat().st_size
+    print(f"wrote {path} ({size / 1024:.0f} KiB); open it in a browser", file=out)
+    if args.screenshot:
+        from agentrl.report.browser import screenshot
+
+        print(f"wrote {screenshot(path, args.screenshot)}", file=out)
+    return 0
+
+
+def _is_file(source: str) -> bool:
+    from pathlib import Path
+
+    return Path(source).is_file()

@@ -1,0 +1,111 @@
+"""Episode records on verl: the same ``<run_dir>/episodes/step_N.jsonl`` the local engine writes.
+
+Each episode's AgentLoop puts its record (:func:`agentrl.rollout.episode_record.episode_record`,
+bounded) in ``extra_fields["agentrl_episode_record"]``; :class:`GameAgentLoopManager`
+(:mod:`agentrl.verl.agent_loop`) takes that column out of every batch it returns (so the text
+travels no further than the manager) and hands it here. :class:`VerlEpisodeLog` keeps
+``trainer.log_episodes`` episodes per step and split (the launch passes it as
+``+trainer.agentrl_log_episodes``), leaves verl's padding copies out (as
+:mod:`agentrl.verl.metrics` does), and writes them with
+:class:`~agentrl.trainers.episode_log.EpisodeLog`; also a WandB table into the step verl logs
+next, and one sampled validation reply on the console.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections import Counter
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+from agentrl.rollout.episode_record import sample_episodes, sample_line
+from agentrl.trainers.episode_log import EpisodeLog
+
+__all__ = ["LOG_EPISODES_KEY", "VerlEpisodeLog", "unpadded_records"]
+
+log = logging.getLogger(__name__)
+
+LOG_EPISODES_KEY = "agentrl_log_episodes"
+"""Key under verl's ``trainer`` config holding ``trainer.log_episodes`` (set by the launch)."""
+DEFAULT_LOG_EPISODES = 4
+"""When verl was launched without our key (``configs/base.yaml``'s default)."""
+
+
+def unpadded_records(records: Iterable[Mapping[str, Any] | None],
+                     infos: Iterable[Mapping[str, Any] | None], per_row: int
+                     ) -> list[Mapping[str, Any]]:
+    """The records of a batch, at most ``per_row`` per task row (the rest are verl's padding
+    copies; a row is told apart by ``index`` in its outcome, else by preset and seed)."""
+    seen: Counter = Counter()
+    kept = []
+    for record, info in zip(records, infos):
+        if record is None:
+            continue
+        index = info.get("index") if isinstance(info, Mapping) else None
+        row = ("index", index) if index is not None else ("game", record["preset"], record["seed"])
+        seen[row] += 1
+        if seen[row] <= per_row:
+            kept.append(record)
+    return kept
+
+
+class VerlEpisodeLog:
+    """Episode records of the batches verl generates (see the module docstring)."""
+
+    def __init__(self, run_dir: str | Path | None, count: int, *, use_wandb: bool = True,
+                 console: bool = True):
+        self.log = EpisodeLog(run_dir) if run_dir is not None else None
+        self.count = count
+        self.use_wandb = use_wandb
+        self.console = console
+        self._wandb_failed = False
+
+    @classmethod
+    def for_verl(cls, config: Any) -> VerlEpisodeLog:
+        trainer = config.trainer
+        local_dir = trainer.get("default_local_dir")
+        loggers = list(trainer.get("logger") or [])
+        return cls(Path(str(local_dir)).parent if local_dir else None,
+                   int(trainer.get(LOG_EPISODES_KEY, DEFAULT_LOG_EPISODES)),
+                   use_wandb="wandb" in loggers, console="console" in loggers)
+
+    def log_batch(self, records: Iterable[Mapping[str, Any] | None] | None,
+                  infos: Iterable[Mapping[str, Any] | None] | None,
+                  meta_info: Mapping[str, Any], per_row: int) -> list[dict[str, Any]]:
+        """Record a sample of one batch's episodes; returns the records written."""
+        step = meta_info.get("global_steps")
+        if records is None or step is None or self.count < 1:
+            return []
+        records = list(records)
+        infos = list(infos) if infos is not None else [None] * len(records)
+        split = "val" if meta_info.get("validate", False) else "train"
+        picked = sample_episodes(unpadded_records(records, infos, per_row), self.count,
+                                 key=lambda r: (r["preset"], r["seed"]))
+        sample = [{**r, "step": int(step), "split": split} for r in picked]
+        if not sample:
+            return []
+        if self.log is not None:
+            self.log.write(int(step), sample)
+        if self.use_wandb:
+            self._wandb_log(int(step), split, sample)
+        if self.console and split == "val":
+            print("agentrl " + sample_line(sample), flush=True)
+        return sample
+
+    def _wandb_log(self, step: int, split: str, sample: list[dict[str, Any]]) -> None:
+        """Into the step verl logs next (it commits); nothing when WandB has no run here."""
+        if self._wandb_failed:
+            return
+        try:
+            import wandb
+
+            from agentrl.rollout.episode_record import episode_table
+
+            if wandb.run is not None:
+                columns, rows = episode_table(sample)
+                wandb.run.log({f"episodes/{split}": wandb.Table(columns=list(columns), data=rows)},
+                              step=step, commit=False)
+        except Exception as error:  # noqa: BLE001 -- the episode files have the records
+            self._wandb_failed = True
+            log.warning("agentrl episodes not sent to WandB: %s: %s", type(error).__name__, error)

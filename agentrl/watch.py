@@ -1,0 +1,151 @@
+"""`agentrl play GAME --model MODEL`: watch a model play a game in the terminal, turn by turn.
+
+    agentrl play sokoban --model embedded --seed 3
+    agentrl play sokoban --model runs/agentrl/quick --delay 1      # a run's newest checkpoint
+    agentrl play tetris --model runs/agentrl/quick/checkpoints/step_000020 --pause
+
+The model plays exactly as in training and evaluation: the agent preset's prompts and rules
+(``--agent-preset``, default: the game's first preset in configs/agents.yaml, or the one whose
+game preset is ``--preset``), through :func:`agentrl.rollout.run_episode` on the local engine,
+greedy unless ``--temperature`` is set. After each reply it prints the reply, the actions run
+(and whether the game accepted each), the reward and the new board, then waits ``--delay``
+seconds, or for Enter with ``--pause`` (``q`` or end of input stops). ``--model`` takes what
+``agentrl eval --model`` takes (agentrl/models/loading.py resolves it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import time
+from typing import Any
+
+from agentrl.agents import Agent, AgentConfig, TurnResult, load_agent_presets
+
+__all__ = ["WatchedAgent", "agent_preset_for", "run"]
+
+QUIT = {"q", "quit", "exit"}
+DEFAULT_MAX_CONTEXT_TOKENS = 8192
+
+
+class StopWatching(Exception):
+    """The viewer stopped the episode (``q`` or end of input under ``--pause``)."""
+
+
+def agent_preset_for(game: str, name: str | None, game_preset: str | None
+                     ) -> tuple[str, AgentConfig]:
+    """The agent preset to play ``game`` with: ``name``, else the first preset of the game
+    (whose game preset is ``game_preset`` when given). A mismatch raises ValueError naming the
+    allowed presets."""
+    presets = load_agent_presets()
+    of_game = {n: c for n, c in presets.items() if c.game == game}
+    if name is not None:
+        if name not in of_game:
+            raise ValueError(f"--agent-preset {name!r} is not a {game} preset; allowed: "
+                             f"{', '.join(of_game)}")
+        return name, of_game[name]
+    for preset_name, config in of_game.items():
+        if game_preset is None or config.env_kwargs.get("preset") == game_preset:
+            return preset_name, config
+    raise ValueError(f"no agent preset of {game} plays game preset {game_preset!r}; give "
+                     f"--agent-preset (allowed: {', '.join(of_game)})")
+
+
+class WatchedAgent:
+    """An :class:`Agent` that shows each turn as ``run_episode`` plays it, then waits."""
+
+    def __init__(self, agent: Agent, say, wait):
+        self.agent = agent
+        self.say = say
+        self.wait = wait
+
+    @property
+    def config(self) -> AgentConfig:
+        return self.agent.config
+
+    @property
+    def spec(self):
+        return self.agent.spec
+
+    @property
+    def success(self) -> bool:
+        return self.agent.success
+
+    def answer_grammar(self):
+        return self.agent.answer_grammar()
+
+    def reset(self, seed: int | None = None) -> list[dict]:
+        messages = self.agent.reset(seed=seed)
+        self.say(self.agent.observation)
+        return messages
+
+    def step(self, response_text: Any) -> TurnResult:
+        result = self.agent.step(response_text)
+        info = result.info
+        self.say(f"\n-- turn {info['turn']} --")
+        self.say(f"reply: {str(response_text).strip()}")
+        if not result.format_ok:
+            self.say(f"format error: {info['format_error']}")
+        actions = [f"{a} ({'valid' if ok else 'INVALID'})"
+                   for a, ok in zip(info["actions"], info["action_valid"])]
+        self.say(f"actions: {', '.join(actions) or 'none'}")
+        self.say(f"reward {result.reward:+.2f}, return {info['episode_return']:+.2f}")
+        self.say(self.agent.observation)
+        if not result.done:
+            self.wait()
+        return result
+
+
+def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
+    """Load the model and let it play one episode of ``args.game`` on ``args.seed``."""
+    import dataclasses
+
+    from agentrl.engines import BatchingLLM, SamplingParams
+    from agentrl.eval_cli import model_path
+    from agentrl.models import load_model
+    from agentrl.rollout import run_episode
+
+    name, config = agent_preset_for(args.game, args.agent_preset, args.preset)
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    say = lambda text="": print(text, file=out, flush=True)  # noqa: E731
+
+    def wait() -> None:
+        if args.pause:
+            print("Enter: next turn, q: stop> ", end="", file=out, flush=True)
+            line = stdin.readline()
+            if not line or line.strip().lower() in QUIT:
+                raise StopWatching
+        elif args.delay > 0:
+            time.sleep(args.delay)
+
+    model, tokenizer = load_model(model_path(args.model), device=args.device)
+    llm = BatchingLLM(model, tokenizer, max_batch=1, seed=args.seed)
+    sampling = SamplingParams(greedy=args.temperature == 0, temperature=args.temperature or 1.0,
+                              max_new_tokens=config.max_response_tokens,
+                              constrained_actions=bool(getattr(args, "constrained", False)))
+    if args.max_new_tokens is not None:
+        sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
+    agent = Agent(config)
+    say(f"== {args.game} (seed {args.seed}): {args.model} plays as {name} ==")
+    stopped = False
+    try:
+        trajectory = asyncio.run(run_episode(
+            WatchedAgent(agent, say, wait), args.seed, llm, tokenizer, sampling,
+            max_context_tokens=min(DEFAULT_MAX_CONTEXT_TOKENS,
+                                   llm.max_positions or DEFAULT_MAX_CONTEXT_TOKENS),
+            preset=name))
+    except StopWatching:
+        stopped = True
+    finally:
+        llm.close()
+        agent.close()
+    if stopped:
+        say(f"\n== stopped: success={agent.success} return={agent.episode_return:+.2f} "
+            f"turns={agent.turn} ==")
+    else:
+        outcome = "SOLVED" if trajectory.success else "over"
+        say(f"\n== {outcome}: success={trajectory.success} "
+            f"return={trajectory.episode_return:+.2f} turns={trajectory.num_turns} ==")
+    return 0
