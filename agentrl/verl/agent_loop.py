@@ -6,7 +6,7 @@ Plug it into verl's ``main_ppo`` with these overrides (:func:`verl_overrides` re
     actor_rollout_ref.model.external_lib=agentrl.verl.agent_loop
     actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_game
     # legacy trainer only (V1 wants an AgentLoopManagerTQ under this key, and needs none):
-    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=\
+    ++actor_rollout_ref.rollout.agent.agent_loop_manager_class=\
         agentrl.verl.agent_loop.GameAgentLoopManager
 
 ``external_lib`` makes every AgentLoopWorker import this module, whose ``@register`` puts the
@@ -116,7 +116,7 @@ def verl_overrides(use_v1: bool) -> list[str]:
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
     ]
     if not use_v1:  # V1 requires an AgentLoopManagerTQ there, and needs none
-        overrides.append("+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+        overrides.append("++actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                          f"{__name__}.{GameAgentLoopManager.__qualname__}")
     return overrides
 
@@ -477,7 +477,7 @@ class GameAgentLoopWorker(AgentLoopWorker):
 
 class GameAgentLoopManager(AgentLoopManager):
     """verl's ``AgentLoopManager`` running :class:`GameAgentLoopWorker` (legacy trainer; set by
-    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class``). Every batch it returns,
+    ``++actor_rollout_ref.rollout.agent.agent_loop_manager_class``). Every batch it returns,
     training or validation, also goes to our metrics log (:mod:`agentrl.verl.metrics`:
     ``train/<preset>/...`` and ``val/<preset>/...``, as on the local engine)."""
 
