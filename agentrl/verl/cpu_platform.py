@@ -290,8 +290,10 @@ def launch_env() -> dict[str, str]:
 def verl_overrides() -> list[str]:
     """verl settings of a CPU run (the preset sets ``verl.strategy=fsdp2``: FSDP1 refuses CPU
     modules; vLLM on a CPU has no sleep mode,
-    no CUDA graphs; flash-attn's padding removal does not exist here; fp32 throughout: a CPU
-    without native bf16 computes bf16 several times slower)."""
+    no CUDA graphs; flash-attn's padding removal does not exist here; the FSDP workers compute in
+    fp32: a CPU without native bf16 computes bf16 several times slower. vLLM stays at its bf16:
+    in fp32 its CPU build packs the weights for oneDNN and drops the tensors that verl's weight
+    sync loads into)."""
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     return [
@@ -305,12 +307,12 @@ def verl_overrides() -> list[str]:
         "+critic.model.override_config.attn_implementation=sdpa",
         "actor_rollout_ref.model.use_remove_padding=false",
         "critic.model.use_remove_padding=false",
-        f"{rollout}.dtype=float32",
         f"{rollout}.enforce_eager=true",
         f"+{rollout}.enable_sleep_mode=false",
         f"{rollout}.free_cache_engine=false",
         f"{rollout}.max_num_seqs=16",
         "data.dataloader_num_workers=0",
+        "reward.num_workers=1",              # rewards come from our AgentLoop; 0.6 GB each
     ]
 
 
