@@ -263,9 +263,11 @@ def check_patch(patch: Patch, verl_version: str) -> Callable:
     return original
 
 
-def apply_patches(verl_version: str) -> None:
-    """Replace every function of :data:`PATCHES` (once per process)."""
+def apply_patches(verl_version: str, names: tuple[str, ...] | None = None) -> None:
+    """Replace every function of :data:`PATCHES` (or those ``names``; once per process)."""
     for patch in PATCHES:
+        if names is not None and patch.name not in names:
+            continue
         module = importlib.import_module(patch.module)
         if hasattr(getattr(module, patch.name), "__wrapped_by_agentrl__"):
             continue
@@ -307,10 +309,7 @@ def verl_overrides() -> list[str]:
         f"{actor}.use_torch_compile=false",
         f"+{actor}.fsdp_config.mixed_precision={fp32}",
         f"+critic.fsdp.mixed_precision={fp32}",
-        "+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
-        "+critic.model.override_config.attn_implementation=sdpa",
-        "actor_rollout_ref.model.use_remove_padding=false",
-        "critic.model.use_remove_padding=false",
+        *sdpa_overrides(),
         f"{rollout}.enforce_eager=true",
         f"+{rollout}.enable_sleep_mode=false",
         f"{rollout}.free_cache_engine=false",
@@ -342,9 +341,27 @@ def keep_vllm_weights_reloadable() -> None:
     _custom_ops._supports_onednn = False
 
 
+SDPA_ENV = "AGENTRL_VERL_SDPA"
+"""Set to 1 on GPUs without flash-attn: only the critic's loader is patched (sdpa attention)."""
+
+
+def sdpa_overrides() -> list[str]:
+    """verl settings for PyTorch's sdpa attention instead of flash-attn (a CPU, or a GPU where
+    flash-attn did not install): the padding removal needs flash-attn's varlen kernels."""
+    return ["+actor_rollout_ref.model.override_config.attn_implementation=sdpa",
+            "+critic.model.override_config.attn_implementation=sdpa",
+            "actor_rollout_ref.model.use_remove_padding=false",
+            "critic.model.use_remove_padding=false"]
+
+
 def _register_in_verl() -> None:
     """What importing this module does inside verl's processes (``VERL_USE_EXTERNAL_MODULES``)."""
-    if os.environ.get("VERL_PLATFORM", "").strip().lower() != PLATFORM:
+    on_cpu = os.environ.get("VERL_PLATFORM", "").strip().lower() == PLATFORM
+    if not on_cpu:
+        if os.environ.get(SDPA_ENV) == "1":
+            import verl
+
+            apply_patches(verl.__version__, names=("load_valuehead_model",))
         return
     import verl
 

@@ -44,6 +44,7 @@ else is fetched or started, no Ray, no GPU: it runs on a CPU machine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import re
@@ -427,6 +428,8 @@ def launch_env(config: TrainConfig, base: Mapping[str, str] | None = None) -> di
     env["WANDB_DIR"] = str(config.run_dir)
     if on_cpu(config):
         env.update(_cpu_env())
+    elif any("env_vars.AGENTRL_VERL_SDPA=" in item for item in config.verl.overrides):
+        env.update(_sdpa_env())                      # without_flash_attn's
     return env
 
 
@@ -444,6 +447,11 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     if dry_run:
         _print_dry_run(verl_config, command, env, paths, report)
         return 0
+    if not on_cpu(config) and importlib.util.find_spec("flash_attn") is None:
+        config = without_flash_attn(config)
+        overrides = verl_overrides(config, paths)
+        compose_verl_config(overrides)
+        command, env = launch_command(overrides, config), launch_env(config)
     print("\n".join(report), flush=True)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     (config.run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
@@ -467,6 +475,28 @@ def _write_tiny_model(config: TrainConfig) -> None:
     if config.model.name in TINY_MODELS and not (folder / "tokenizer_config.json").exists():
         print(f"writing the {config.model.name} model into {folder}", flush=True)
         save_tiny_model(config.model.name, folder)
+
+
+def without_flash_attn(config: TrainConfig) -> TrainConfig:
+    """``config`` on PyTorch's sdpa attention, with a loud warning: flash-attn is not installed
+    (``env_setup.sh --gpu`` compiles it and falls back when the build fails). Slower, the same
+    results; verl's critic loader is patched for it (:mod:`agentrl.verl.cpu_platform`)."""
+    from agentrl.verl import cpu_platform
+
+    print("!!!! WARNING: flash-attn is not installed: verl runs with PyTorch's sdpa attention "
+          "(slower, same results).\n!!!! Install it: MAX_JOBS=4 pip install "
+          "--no-build-isolation flash-attn==2.8.3", file=sys.stderr, flush=True)
+    overrides = (*cpu_platform.sdpa_overrides(), *config.verl.overrides)
+    env_vars = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{key}={hydra_value(value)}"
+                for key, value in _sdpa_env().items()]
+    return dataclasses.replace(config, verl=dataclasses.replace(
+        config.verl, overrides=(*overrides, *env_vars)))
+
+
+def _sdpa_env() -> dict[str, str]:
+    from agentrl.verl import cpu_platform
+
+    return {"VERL_USE_EXTERNAL_MODULES": cpu_platform.__name__, cpu_platform.SDPA_ENV: "1"}
 
 
 def _print_dry_run(verl_config: Any, command: list[str], env: Mapping[str, str],

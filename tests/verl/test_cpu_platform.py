@@ -158,3 +158,18 @@ def test_the_critic_is_sized_by_tokens_and_dead_keys_are_gone():
         config.verl.log_prob_micro_batch_size_per_gpu * tokens
     assert OmegaConf.select(cfg, "critic.optim.clip_grad") == 0.5
 
+
+
+def test_without_flash_attn_a_gpu_run_uses_sdpa_and_patches_the_critic_loader(capsys):
+    config = launch.without_flash_attn(compose_config(["hardware=a100", "model=qwen_halfb"]))
+    assert "flash-attn is not installed" in capsys.readouterr().err
+    cfg = launch.compose_verl_config(launch.verl_overrides(config, launch.task_paths(config)))
+    for role in ("actor_rollout_ref", "critic"):
+        assert OmegaConf.select(cfg, f"{role}.model.override_config.attn_implementation") == \
+            "sdpa"
+        assert OmegaConf.select(cfg, f"{role}.model.use_remove_padding") is False
+    env = launch.launch_env(config)
+    assert env["AGENTRL_VERL_SDPA"] == "1"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "agentrl.verl.cpu_platform"
+    assert "VERL_PLATFORM" not in env
+    assert OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.AGENTRL_VERL_SDPA") == "1"

@@ -3,7 +3,8 @@ vLLM's CPU build serving our AgentLoop, weight sync, checkpoints, and verl's own
 
 Needs vLLM's CPU build (``bash env_setup.sh --verl-cpu``, which scripts/test.sh runs): found in
 ``$AGENTRL_VERL_CPU_PYTHON``, the ``.venv-verl-cpu`` it makes, or this interpreter; skipped
-otherwise. Two runs of a few minutes each, one after the other (~9-11 GiB of memory at once).
+otherwise. Two runs of a few minutes each, one after the other (~9-11 GiB of memory at once);
+every process a run starts is ended with it.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import importlib.util
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -44,12 +46,24 @@ def train(python: str, run_dir: Path, steps: int) -> subprocess.CompletedProcess
                "verl.max_prompt_length=256", "verl.max_response_length=64"]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "2",
            "RAY_DEDUP_LOGS": "0"}
+    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                               stderr=subprocess.PIPE, text=True, start_new_session=True)
     try:
-        return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
-                              timeout=RUN_TIMEOUT_S, check=False)
-    finally:  # never leave a Ray cluster behind, whatever happened
-        subprocess.run([str(Path(python).parent / "ray"), "stop", "--force"],
-                       capture_output=True, check=False)
+        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+    finally:  # never leave Ray behind: everything the run started shares its session
+        end_session(process.pid)
+    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+
+
+def end_session(session: int) -> None:
+    """Kill every process of ``session`` (Ray's daemons and workers keep the launch's)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session:          # stat field 6: the session id
+                os.kill(int(stat.parent.name), signal.SIGKILL)
+        except (OSError, ValueError, IndexError):
+            continue
 
 
 def verl_steps(stdout: str) -> dict[int, dict[str, float]]:
