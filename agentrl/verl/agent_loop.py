@@ -289,6 +289,11 @@ class BudgetedAgent:
 
 
 # -- verl's server manager as run_episode's llm ----------------------------------------------------
+ABORT_RETRIES = 3
+"""Times a reply vLLM answered ``stop_reason="aborted"`` (verl aborts requests around a weight
+update) is asked again; its partial tokens are dropped, never trained on."""
+
+
 class ServerLLM:
     """``llm.generate(prompt_ids, sampling)`` over verl's server manager, for one episode.
 
@@ -320,9 +325,15 @@ class ServerLLM:
         stop = dict.fromkeys([*(self.sampling_params.get("stop_token_ids") or []),
                               *sampling.stop_token_ids])
         params = {**self.sampling_params, "max_tokens": max_tokens, "stop_token_ids": list(stop)}
-        output = await self.server_manager.generate(
-            request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params,
-            priority=self.priority)
+        for _ in range(ABORT_RETRIES + 1):
+            output = await self.server_manager.generate(
+                request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params,
+                priority=self.priority)
+            if output.stop_reason != "aborted":
+                break
+        else:
+            raise RuntimeError(f"request {self.request_id}: vLLM aborted it {ABORT_RETRIES + 1} "
+                               "times in a row")
         ids = [int(t) for t in output.token_ids]
         if not ids:
             raise RuntimeError(f"request {self.request_id}: the server returned no tokens "
