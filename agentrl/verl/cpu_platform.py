@@ -60,7 +60,7 @@ def _zero(*args: Any, **kwargs: Any) -> int:
 
 
 def _mem_get_info(device: Any = None) -> tuple[int, int]:
-    """(free, total) bytes of the machine's memory, as ``torch.cuda.mem_get_info`` reports a card."""
+    """(free, total) bytes of the machine's memory, as ``torch.cuda.mem_get_info`` reports."""
     page = os.sysconf("SC_PAGE_SIZE")
     return os.sysconf("SC_AVPHYS_PAGES") * page, os.sysconf("SC_PHYS_PAGES") * page
 

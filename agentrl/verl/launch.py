@@ -97,7 +97,7 @@ def verl_overrides(config: TrainConfig, data_paths: Sequence[str | Path]) -> lis
 
 
 def on_cpu(config: TrainConfig) -> bool:
-    """verl's trainer on this machine's CPU (``hardware=cpu-verl``): :mod:`agentrl.verl.cpu_platform`."""
+    """verl's trainer on this machine's CPU (``hardware=cpu-verl``, :mod:`.cpu_platform`)."""
     return config.device == "cpu"
 
 

@@ -30,13 +30,14 @@ the key and the fix.
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from typing import Any
 
 from agentrl.config import TrainConfig
 
 __all__ = ["GB", "MODEL_SIZES", "ModelSize", "MemoryEstimate", "card_memory_gb",
-           "check_dispatch", "estimate_memory", "fit", "largest_divisor"]
+           "check_dispatch", "describe", "estimate_memory", "fit", "largest_divisor"]
 
 GB = 1e9
 MARGIN_GB = 4.0
@@ -255,7 +256,7 @@ def check_dispatch(verl_config: Any) -> None:
         mini = get("actor_rollout_ref.actor.ppo_mini_batch_size") * n
         need(mini % dp == 0, "actor_rollout_ref.actor.ppo_mini_batch_size",
              f"a mini-batch of {mini} trajectories does not split over {dp} ranks",
-             f"actor.ppo_mini_batch_size a multiple of {dp * n // _gcd(dp, n)}")
+             f"actor.ppo_mini_batch_size a multiple of {math.lcm(dp, n)}")
         mini_share = mini // dp
         need(share % mini_share == 0, "actor_rollout_ref.actor.ppo_mini_batch_size",
              f"a rank's {share} trajectories are not whole mini-batches of {mini_share}",
@@ -285,12 +286,6 @@ def _uses_reference(verl_config: Any) -> bool:
     from verl.trainer.ppo.utils import need_reference_policy
 
     return need_reference_policy(verl_config)
-
-
-def _gcd(a: int, b: int) -> int:
-    import math
-
-    return math.gcd(a, b)
 
 
 def describe(config: TrainConfig) -> str:

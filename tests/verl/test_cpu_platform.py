@@ -172,4 +172,5 @@ def test_without_flash_attn_a_gpu_run_uses_sdpa_and_patches_the_critic_loader(ca
     assert env["AGENTRL_VERL_SDPA"] == "1"
     assert env["VERL_USE_EXTERNAL_MODULES"] == "agentrl.verl.cpu_platform"
     assert "VERL_PLATFORM" not in env
-    assert OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars.AGENTRL_VERL_SDPA") == "1"
+    env_vars = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")
+    assert env_vars["AGENTRL_VERL_SDPA"] == "1"

@@ -20,7 +20,9 @@ def plan(tmp_path: Path, *args: str) -> tuple[subprocess.CompletedProcess, list[
 [[ $0 == */venv/* ]] && where=venv: || where=""
 echo "$where$*" >> {record}
 if [[ "${{1-}}" == -c && "${{2-}}" == *sys.prefix* ]]; then echo {prefix}; fi
-if [[ "${{1-}} ${{2-}}" == "-m venv" ]]; then mkdir -p "${{@: -1}}/bin"; ln -sf "$0" "${{@: -1}}/bin/python"; fi
+if [[ "${{1-}} ${{2-}}" == "-m venv" ]]; then
+  mkdir -p "${{@: -1}}/bin"; ln -sf "$0" "${{@: -1}}/bin/python"
+fi
 exit 0
 """)
     fake.chmod(0o755)
