@@ -16,12 +16,13 @@ from omegaconf import OmegaConf
 from agentrl.config import compose_config
 from agentrl.verl import launch, preflight
 
-GPU_PRESETS = ["a100", "h100", "l40"]
+GPU_PRESETS = ["a100", "l40"]
+"""h100 is a100 with its own name (tests/verl/test_launch.py): the same sizes, the same checks."""
 MODELS = ["qwen_halfb", "qwen_3b", "qwen_7b"]
-SHAPES = [None, (2, 4), (4, 8), (8, 16), (16, 8)]
+SHAPES = [None, (2, 4), (4, 8), (8, 16)]
 """Group shapes (group_num, group_size): the presets' own (examples/*.sh), quick_train.sh's
-local-engine defaults given as positional arguments (``quick_train.sh 8 2 4``), the L40 and
-A100 presets' on the other card, and a wide one."""
+local-engine defaults given as positional arguments (``quick_train.sh 8 2 4``), and the L40 and
+A100 presets' on the other card."""
 GPU_COUNTS = range(1, 65)
 KEY_NAMED = ("train.", "actor.", "verl.", "data.", "critic.", "model.", "actor_rollout_ref.")
 
