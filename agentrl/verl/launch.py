@@ -22,7 +22,14 @@ caches prefixes itself) are not read; settings verl has no counterpart for and t
 the training (``rollout.filter_ratio``, ``rollout.norm_method``, ``critic.share_backbone``,
 ``lora.dropout``) fail at start-up (``TrainConfig``'s verl checks).
 
-Before verl starts, the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
+Before anything starts, :mod:`agentrl.verl.preflight` fits the micro-batches to each GPU's
+share and the memory estimate to the card, and checks verl's dispatch divisions on the composed
+config (in ``--dry-run`` too). On a CPU (``device: cpu``, ``hardware=cpu-verl``) the run goes
+through :mod:`agentrl.verl.cpu_platform`; on GPUs without flash-attn, through PyTorch's sdpa
+(:func:`without_flash_attn`). ``PYTHONPATH``, ``WANDB_*`` and ``AGENTRL_CACHE`` reach every Ray
+worker through ``ray_kwargs.ray_init.runtime_env`` (a cluster started before the launch does
+not inherit the launcher's environment).
+Then the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
 and our resolved config to ``<run_dir>/config.yaml``. While it runs, our AgentLoop's manager
 writes our per-preset metrics (``train/<preset>/...``, ``val/<preset>/...``) to
 ``<run_dir>/metrics.jsonl`` and verl's WandB run (:mod:`agentrl.verl.metrics`; legacy trainer);
@@ -65,8 +72,8 @@ from agentrl.verl import preflight
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
 
 __all__ = ["VERL_ENTRY", "compose_verl_config", "hydra_value", "launch", "launch_command",
-           "launch_env", "micro_batch_per_gpu", "task_paths", "validate_verl_config",
-           "verl_config_dir", "verl_overrides"]
+           "launch_env", "micro_batch_per_gpu", "model_path", "on_cpu", "task_paths",
+           "validate_verl_config", "verl_config_dir", "verl_overrides", "without_flash_attn"]
 
 VERL_ENTRY = "verl.trainer.main_ppo"
 """The module ``launch`` runs: verl's own PPO entry point."""
