@@ -393,8 +393,8 @@ class HardwareConfig(Section):
 class VerlConfig(Section):
     """The verl backend's cluster, memory and sequence settings (read with ``backend=verl`` only).
 
-    The hardware presets set them (``configs/hardware/{a100,h100,l40}.yaml``, loosened for
-    smaller models by ``configs/sizing/``); docs/HARDWARE.md gives the memory arithmetic.
+    The hardware presets set them (``configs/hardware/{a100,h100,l40,cpu-verl}.yaml``, loosened
+    for smaller models by ``configs/sizing/``); docs/HARDWARE.md gives the memory arithmetic.
     Trajectories per forward/backward come from ``actor.micro_batch_size`` (per GPU here).
     """
 
