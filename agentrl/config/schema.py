@@ -400,14 +400,18 @@ class HardwareConfig(Section):
     KEY: ClassVar[str] = "hardware"
     name: str = setting("cpu", non_empty, "a non-empty string")
     """The preset's name, recorded for logs (the preset sets keys in the other sections)."""
+    gpu_memory_gb: float | None = setting(None, lambda v: v is None or v > 0,
+                                          "null or a number > 0")
+    """Memory of one GPU in GB (10^9 bytes), which the verl preflight fits the run into; null =
+    unknown (on the CPU: the machine's memory). The scripts set it from nvidia-smi."""
 
 
 @dataclasses.dataclass(frozen=True)
 class VerlConfig(Section):
     """The verl backend's cluster, memory and sequence settings (read with ``backend=verl`` only).
 
-    The hardware presets set them (``configs/hardware/{a100,h100,l40}.yaml``, loosened for
-    smaller models by ``configs/sizing/``); docs/HARDWARE.md gives the memory arithmetic.
+    The hardware presets set them (``configs/hardware/{a100,h100,l40,cpu-verl}.yaml``, loosened
+    for smaller models by ``configs/sizing/``); docs/HARDWARE.md gives the memory arithmetic.
     Trajectories per forward/backward come from ``actor.micro_batch_size`` (per GPU here).
     """
 
@@ -641,15 +645,16 @@ class TrainConfig(Section):
                              f"multiple of {math.lcm(size, gpus)} dividing {batch}")
 
 
-LOCAL_ONLY_MODELS = re.compile(r"embedded|tiny(-.+)?")
-"""Names ``agentrl.models.load_model`` builds in-process: verl's workers cannot load them."""
+LOCAL_ONLY_MODELS = re.compile(r"embedded|tiny(?!-vllm$)(-.+)?")
+"""Names ``agentrl.models.load_model`` builds in-process: verl's workers cannot load them
+(``tiny-vllm`` is written to a folder at launch, for ``hardware=cpu-verl``)."""
 
 
 def _check_verl_model(name: str) -> None:
     if LOCAL_ONLY_MODELS.fullmatch(name) and not Path(name).exists():
         raise ValueError(f"model.name={name!r} is not allowed with backend='verl' (verl's workers "
                          "load the model themselves); allowed: a Hugging Face hub id or a local "
-                         "model folder, e.g. model=qwen_halfb")
+                         "model folder, e.g. model=qwen_halfb (model=tiny_vllm on a CPU)")
 
 
 def _divisors(number: int) -> list[int]:

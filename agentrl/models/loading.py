@@ -23,7 +23,9 @@ Names, tried in this order:
   embeddings, seed 0; 6.3M parameters, nearly all embeddings) on the embedded tokenizer.
   ``tiny-llama3`` renders chats in Llama 3's format with its own special tokens (added at the
   end of the vocabulary); the weights of the shared vocabulary are the same as ``tiny``'s.
-  Built in well under a second once the tokenizer is cached.
+  Built in well under a second once the tokenizer is cached. ``"tiny-vllm"``: the same with
+  2 heads of 32 (vLLM's CPU attention needs head_dim >= 32), for verl's trainer on a CPU;
+  :func:`save_tiny_model` writes either as an HF folder.
 - an existing local folder (HF layout), or a ``.gguf`` file (converted on every load, no cache).
 - otherwise a Hugging Face hub id: the local HF cache first, then the network. No network ⇒
   :class:`ModelNotFoundError` listing what was tried, within a few seconds (a reachability probe
@@ -62,12 +64,14 @@ from agentrl.models.templates import (
 __all__ = [
     "EMBEDDED_GGUF",
     "TINY",
+    "TINY_VLLM",
     "ModelNotFoundError",
     "cache_root",
     "embedded_gguf_path",
     "end_of_turn_ids",
     "load_model",
     "load_tokenizer",
+    "save_tiny_model",
 ]
 
 log = logging.getLogger(__name__)
@@ -97,6 +101,9 @@ class TinyConfig:
 
 
 TINY = TinyConfig()
+TINY_VLLM = TinyConfig(num_attention_heads=2, num_key_value_heads=1)
+"""``tiny-vllm``: the same sizes with head_dim 32, the smallest vLLM's CPU attention serves."""
+TINY_MODELS = {"tiny": TINY, "tiny-vllm": TINY_VLLM}
 
 
 class ModelNotFoundError(OSError):
@@ -142,17 +149,18 @@ def load_model(
     """
     torch_dtype = _as_dtype(dtype)
     base, template = _split_tiny(name, chat_template)
-    if base == "tiny":
+    if base in TINY_MODELS:
         tokenizer = _embedded_tokenizer()
-        model = _tiny_model(len(tokenizer), tokenizer)
+        model = _tiny_model(len(tokenizer), tokenizer, TINY_MODELS[base])
     elif base == "embedded":
         model, tokenizer = _embedded_model()
     else:
         model, tokenizer = _pretrained(name, torch_dtype)
     if template is not None and apply_chat_template_override(tokenizer, template):
-        _grow_embeddings(model, len(tokenizer), seeded=base == "tiny")
+        _grow_embeddings(model, len(tokenizer), seeded=base in TINY_MODELS)
     # GGUF-derived generation configs carry the converter's mislabeled eos: not kept
-    from_folder = base not in ("tiny", "embedded") and not str(name).endswith(".gguf")
+    from_folder = (base not in TINY_MODELS and base != "embedded"
+                   and not str(name).endswith(".gguf"))
     _sync_special_ids(model, tokenizer, keep_generation_eos=from_folder)
     model.to(device=_as_device(device), dtype=torch_dtype)
     model.eval()
@@ -162,7 +170,7 @@ def load_model(
 def load_tokenizer(name: str = "embedded", *, chat_template: str | None = None) -> Any:
     """The tokenizer ``load_model(name, chat_template=...)`` would return, without the model."""
     base, template = _split_tiny(name, chat_template)
-    if base in ("tiny", "embedded"):
+    if base in ("embedded", *TINY_MODELS):
         tokenizer = _embedded_tokenizer()
     else:
         tokenizer = _pretrained(name, None, tokenizer_only=True)
@@ -176,11 +184,13 @@ def load_tokenizer(name: str = "embedded", *, chat_template: str | None = None) 
 
 def _split_tiny(name: str, chat_template: str | None) -> tuple[str, str | None]:
     """``"tiny-llama3"`` -> ``("tiny", "llama3")``; other names pass through."""
+    if name in TINY_MODELS and name != "tiny":
+        return name, chat_template
     if name.startswith("tiny-") and not Path(name).exists():
         template = name.removeprefix("tiny-")
         if template not in CHAT_TEMPLATES:
             raise ModelNotFoundError(
-                f"unknown tiny variant {name!r}: use 'tiny' or one of "
+                f"unknown tiny variant {name!r}: use 'tiny', 'tiny-vllm' or one of "
                 f"{['tiny-' + t for t in sorted(CHAT_TEMPLATES)]}"
             )
         if chat_template is not None and chat_template != template:
@@ -472,6 +482,16 @@ def _cached_folder(name: str, build) -> Path:
 
 
 # --------------------------------------------------------------------------- tiny model
+
+
+def save_tiny_model(name: str, folder: str | Path) -> Path:
+    """A tiny model (``tiny``, ``tiny-vllm``) written as an HF folder (weights, config,
+    tokenizer): what processes that load a model by path (verl's workers, vLLM) read."""
+    model, tokenizer = load_model(name)
+    model.config.architectures = [type(model).__name__]
+    model.save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    return Path(folder)
 
 
 def _tiny_model(vocab_size: int, tokenizer: Any, config: TinyConfig = TINY) -> Any:

@@ -5,6 +5,10 @@
 - :mod:`agentrl.verl.data`: the task files, one parquet row per game (preset, seed, split).
 - :mod:`agentrl.verl.launch`: our config -> verl's ``ppo_trainer`` config, ``--dry-run``,
   and verl's own ``main_ppo``.
+- :mod:`agentrl.verl.preflight`: before Ray starts, verl's dispatch divisions and the per-GPU
+  memory estimate; adapts micro-batches and offload, refuses the rest.
+- :mod:`agentrl.verl.cpu_platform`: a ``cpu`` platform for verl's ``PlatformRegistry`` and its
+  pinned patches, so verl's own trainer runs on a CPU (``hardware=cpu-verl``).
 
 Importing this package imports neither verl nor Ray: the modules above import them when used.
 """

@@ -6,7 +6,7 @@ Plug it into verl's ``main_ppo`` with these overrides (:func:`verl_overrides` re
     actor_rollout_ref.model.external_lib=agentrl.verl.agent_loop
     actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_game
     # legacy trainer only (V1 wants an AgentLoopManagerTQ under this key, and needs none):
-    +actor_rollout_ref.rollout.agent.agent_loop_manager_class=\
+    ++actor_rollout_ref.rollout.agent.agent_loop_manager_class=\
         agentrl.verl.agent_loop.GameAgentLoopManager
 
 ``external_lib`` makes every AgentLoopWorker import this module, whose ``@register`` puts the
@@ -132,7 +132,7 @@ def verl_overrides(use_v1: bool) -> list[str]:
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
     ]
     if not use_v1:  # V1 requires an AgentLoopManagerTQ there, and needs none
-        overrides.append("+actor_rollout_ref.rollout.agent.agent_loop_manager_class="
+        overrides.append("++actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                          f"{__name__}.{GameAgentLoopManager.__qualname__}")
     return overrides
 
@@ -310,6 +310,11 @@ class BudgetedAgent:
 
 
 # -- verl's server manager as run_episode's llm ----------------------------------------------------
+ABORT_RETRIES = 3
+"""Times a reply vLLM answered ``stop_reason="aborted"`` (verl aborts requests around a weight
+update) is asked again; its partial tokens are dropped, never trained on."""
+
+
 class ServerLLM:
     """``llm.generate(prompt_ids, sampling)`` over verl's server manager, for one episode.
 
@@ -343,9 +348,15 @@ class ServerLLM:
         stop = dict.fromkeys([*(self.sampling_params.get("stop_token_ids") or []),
                               *sampling.stop_token_ids])
         params = {**self.sampling_params, "max_tokens": max_tokens, "stop_token_ids": list(stop)}
-        output = await self.server_manager.generate(
-            request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params,
-            priority=self.priority)
+        for _ in range(ABORT_RETRIES + 1):
+            output = await self.server_manager.generate(
+                request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params,
+                priority=self.priority)
+            if output.stop_reason != "aborted":
+                break
+        else:
+            raise RuntimeError(f"request {self.request_id}: vLLM aborted it {ABORT_RETRIES + 1} "
+                               "times in a row")
         ids = [int(t) for t in output.token_ids]
         if not ids:
             raise RuntimeError(f"request {self.request_id}: the server returned no tokens "
@@ -514,7 +525,7 @@ class GameAgentLoopWorker(AgentLoopWorker):
 
 class GameAgentLoopManager(AgentLoopManager):
     """verl's ``AgentLoopManager`` running :class:`GameAgentLoopWorker` (legacy trainer; set by
-    ``+actor_rollout_ref.rollout.agent.agent_loop_manager_class``). Every batch it returns,
+    ``++actor_rollout_ref.rollout.agent.agent_loop_manager_class``). Every batch it returns,
     training or validation, also goes to our metrics log (:mod:`agentrl.verl.metrics`:
     ``train/<preset>/...`` and ``val/<preset>/...``, as on the local engine)."""
 

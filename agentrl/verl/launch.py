@@ -22,7 +22,14 @@ caches prefixes itself) are not read; settings verl has no counterpart for and t
 the training (``rollout.filter_ratio``, ``rollout.norm_method``, ``critic.share_backbone``,
 ``lora.dropout``) fail at start-up (``TrainConfig``'s verl checks).
 
-Before verl starts, the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
+Before anything starts, :mod:`agentrl.verl.preflight` fits the micro-batches to each GPU's
+share and the memory estimate to the card, and checks verl's dispatch divisions on the composed
+config (in ``--dry-run`` too). On a CPU (``device: cpu``, ``hardware=cpu-verl``) the run goes
+through :mod:`agentrl.verl.cpu_platform`; on GPUs without flash-attn, through PyTorch's sdpa
+(:func:`without_flash_attn`). ``PYTHONPATH``, ``WANDB_*`` and ``AGENTRL_CACHE`` reach every Ray
+worker through ``ray_kwargs.ray_init.runtime_env`` (a cluster started before the launch does
+not inherit the launcher's environment).
+Then the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
 and our resolved config to ``<run_dir>/config.yaml``. While it runs, our AgentLoop's manager
 writes our per-preset metrics (``train/<preset>/...``, ``val/<preset>/...``) to
 ``<run_dir>/metrics.jsonl`` and verl's WandB run (:mod:`agentrl.verl.metrics`; legacy trainer);
@@ -44,6 +51,7 @@ else is fetched or started, no Ray, no GPU: it runs on a CPU machine.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import os
 import re
@@ -60,11 +68,12 @@ import agentrl
 from agentrl.config import TrainConfig
 from agentrl.trainers.plots import plot_learning_curves
 from agentrl.trainers.tracking import METRICS_FILE
+from agentrl.verl import preflight
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
 
 __all__ = ["VERL_ENTRY", "compose_verl_config", "hydra_value", "launch", "launch_command",
-           "launch_env", "micro_batch_per_gpu", "task_paths", "validate_verl_config",
-           "verl_config_dir", "verl_overrides"]
+           "launch_env", "micro_batch_per_gpu", "model_path", "on_cpu", "task_paths",
+           "validate_verl_config", "verl_config_dir", "verl_overrides", "without_flash_attn"]
 
 VERL_ENTRY = "verl.trainer.main_ppo"
 """The module ``launch`` runs: verl's own PPO entry point."""
@@ -87,10 +96,38 @@ def verl_overrides(config: TrainConfig, data_paths: Sequence[str | Path]) -> lis
     from agentrl.verl.agent_loop import verl_overrides as agent_loop_overrides
 
     sections = (_data(config, data_paths), _models(config), _algorithm(config), _actor(config),
-                _critic(config), _rollout(config), _trainer(config))
+                _critic(config), _rollout(config), _trainer(config), _worker_env(config))
     settings = {key: value for section in sections for key, value in section.items()}
     return ([f"{key}={hydra_value(value)}" for key, value in settings.items()]
-            + agent_loop_overrides(config.verl.trainer == "v1") + list(config.verl.overrides))
+            + agent_loop_overrides(config.verl.trainer == "v1") + _platform_overrides(config)
+            + list(config.verl.overrides))
+
+
+def on_cpu(config: TrainConfig) -> bool:
+    """verl's trainer on this machine's CPU (``hardware=cpu-verl``, :mod:`.cpu_platform`)."""
+    return config.device == "cpu"
+
+
+def _platform_overrides(config: TrainConfig) -> list[str]:
+    if not on_cpu(config):
+        return []
+    from agentrl.verl import cpu_platform
+
+    return cpu_platform.verl_overrides()
+
+
+def model_path(config: TrainConfig) -> str:
+    """Where verl's workers load the model: a local folder (absolute: workers have other cwds),
+    the folder ``tiny-vllm`` is written to at launch, or a hub id."""
+    from agentrl.models.loading import TINY_MODELS, cache_root
+
+    name = config.model.name
+    folder = Path(name).expanduser()
+    if folder.is_dir():
+        return str(folder.resolve())
+    if name in TINY_MODELS:
+        return str(cache_root() / f"{name}-hf")
+    return name
 
 
 def _data(config: TrainConfig, data_paths: Sequence[str | Path]) -> dict[str, Any]:
@@ -107,9 +144,7 @@ def _data(config: TrainConfig, data_paths: Sequence[str | Path]) -> dict[str, An
 
 
 def _models(config: TrainConfig) -> dict[str, Any]:
-    model, lora = config.model, config.lora
-    folder = Path(model.name).expanduser()
-    path = str(folder.resolve()) if folder.is_dir() else model.name  # workers have other cwds
+    model, lora, path = config.model, config.lora, model_path(config)
     out: dict[str, Any] = {}
     for role in ("actor_rollout_ref.model", "critic.model"):
         out[f"{role}.path"] = path
@@ -137,11 +172,14 @@ def _algorithm(config: TrainConfig) -> dict[str, Any]:
 
 
 def micro_batch_per_gpu(config: TrainConfig) -> int:
-    """``actor.micro_batch_size``, capped to a GPU's share of a mini-batch (which shrinks as
-    GPUs are added: the presets' sizes then still hold on several nodes)."""
+    """``actor.micro_batch_size``, made a divisor of a GPU's share of a mini-batch (which
+    shrinks as GPUs are added: the presets' sizes then still hold on several nodes); verl
+    splits that share into whole micro-batches."""
+    from agentrl.verl.preflight import largest_divisor
+
     gpus = config.verl.nnodes * config.verl.n_gpus_per_node
     mini = config.actor.ppo_mini_batch_size or config.train.group_num * config.train.group_size
-    return max(1, min(config.actor.micro_batch_size, mini // gpus))
+    return largest_divisor(max(1, mini // gpus), config.actor.micro_batch_size)
 
 
 def _actor(config: TrainConfig) -> dict[str, Any]:
@@ -171,13 +209,18 @@ def _actor(config: TrainConfig) -> dict[str, Any]:
 
 
 def _critic(config: TrainConfig) -> dict[str, Any]:
+    """verl 0.9.1's critic (an engine ``TrainingWorker``) always batches by tokens: its
+    ``*micro_batch_size*`` keys are read by nobody, ``*max_token_len_per_gpu`` are what bound a
+    micro-batch. Sized here as the actor's micro-batches of whole-length trajectories."""
     c, v = config.critic, config.verl
+    tokens = v.max_prompt_length + v.max_response_length
     out = {
         **_optimizer("critic", c.lr, c.warmup_steps, c.weight_decay, c.grad_clip),
         **_fsdp("critic", "fsdp", v.strategy, v.param_offload, v.optimizer_offload),
         "critic.cliprange_value": c.cliprange_value,
-        "critic.ppo_micro_batch_size_per_gpu": micro_batch_per_gpu(config),
-        "critic.forward_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
+        "critic.use_dynamic_bsz": True,
+        "critic.ppo_max_token_len_per_gpu": micro_batch_per_gpu(config) * tokens,
+        "critic.forward_max_token_len_per_gpu": v.log_prob_micro_batch_size_per_gpu * tokens,
     }
     if c.ppo_epochs is not None:  # else verl's default: the actor's
         out["critic.ppo_epochs"] = c.ppo_epochs
@@ -237,8 +280,7 @@ def _optimizer(prefix: str, lr: float, warmup: int, weight_decay: float, grad_cl
         f"{prefix}.optim.lr": lr,
         f"{prefix}.optim.lr_warmup_steps": warmup,
         f"{prefix}.optim.weight_decay": weight_decay,
-        f"{prefix}.optim.clip_grad": grad_clip,            # read by verl's engine workers
-        f"{prefix}.grad_clip": grad_clip,                  # read by its legacy workers
+        f"{prefix}.optim.clip_grad": grad_clip,  # verl 0.9.1's engine workers read this one
     }
 
 
@@ -250,6 +292,24 @@ def _fsdp(prefix: str, engine: str, strategy: str, param_offload: bool, optimize
         f"{prefix}.{engine}.param_offload": param_offload,
         f"{prefix}.{engine}.optimizer_offload": optimizer_offload,
     }
+
+
+WORKER_ENV = ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR", "AGENTRL_CACHE")
+"""Variables every Ray worker needs; a Ray cluster started before the launch (always so on
+several nodes) would not inherit them, so they travel in Ray's ``runtime_env``."""
+
+
+def _worker_env(config: TrainConfig) -> dict[str, Any]:
+    env = launch_env(config)
+    names = [*WORKER_ENV, *(_cpu_env() if on_cpu(config) else ())]
+    return {f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}": env[name]
+            for name in names if env.get(name)}
+
+
+def _cpu_env() -> dict[str, str]:
+    from agentrl.verl import cpu_platform
+
+    return cpu_platform.launch_env()
 
 
 def _chat_template(template: str) -> str:
@@ -374,24 +434,38 @@ def launch_env(config: TrainConfig, base: Mapping[str, str] | None = None) -> di
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["WANDB_MODE"] = resolve_wandb_mode(config.trainer.wandb_mode)
     env["WANDB_DIR"] = str(config.run_dir)
+    if on_cpu(config):
+        env.update(_cpu_env())
+    elif any("env_vars.AGENTRL_VERL_SDPA=" in item for item in config.verl.overrides):
+        env.update(_sdpa_env())                      # without_flash_attn's
     return env
 
 
 def launch(config: TrainConfig, dry_run: bool = False) -> int:
     """Validate, then run verl's ``main_ppo`` (``dry_run``: print the verl config and the command
     instead); returns the exit status."""
+    config, notes = preflight.fit(config)
     paths = task_paths(config)
     overrides = verl_overrides(config, paths)
     verl_config = compose_verl_config(overrides)
+    preflight.check_dispatch(verl_config)
+    report = [preflight.describe(config), *(f"preflight: {note}" for note in notes)]
     command = launch_command(overrides, config)
     env = launch_env(config)
     if dry_run:
-        _print_dry_run(verl_config, command, env, paths)
+        _print_dry_run(verl_config, command, env, paths, report)
         return 0
+    if not on_cpu(config) and importlib.util.find_spec("flash_attn") is None:
+        config = without_flash_attn(config)
+        overrides = verl_overrides(config, paths)
+        compose_verl_config(overrides)
+        command, env = launch_command(overrides, config), launch_env(config)
+    print("\n".join(report), flush=True)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     (config.run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     print(f"writing the task files into {paths[0].parent}", flush=True)
     write_tasks(config, paths[0].parent)
+    _write_tiny_model(config)
     print(f"starting verl: {shlex.join(command[:3])} ... ({len(overrides)} overrides)", flush=True)
     returncode = subprocess.run(command, env=env, check=False).returncode
     metrics = config.run_dir / METRICS_FILE  # our metrics, written by the AgentLoop's manager
@@ -401,11 +475,44 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     return returncode
 
 
+def _write_tiny_model(config: TrainConfig) -> None:
+    """A tiny test model named in the config, written where :func:`model_path` points."""
+    from agentrl.models.loading import TINY_MODELS, save_tiny_model
+
+    folder = Path(model_path(config))
+    if config.model.name in TINY_MODELS and not (folder / "tokenizer_config.json").exists():
+        print(f"writing the {config.model.name} model into {folder}", flush=True)
+        save_tiny_model(config.model.name, folder)
+
+
+def without_flash_attn(config: TrainConfig) -> TrainConfig:
+    """``config`` on PyTorch's sdpa attention, with a loud warning: flash-attn is not installed
+    (``env_setup.sh --gpu`` compiles it and falls back when the build fails). Slower, the same
+    results; verl's critic loader is patched for it (:mod:`agentrl.verl.cpu_platform`)."""
+    from agentrl.verl import cpu_platform
+
+    print("!!!! WARNING: flash-attn is not installed: verl runs with PyTorch's sdpa attention "
+          "(slower, same results).\n!!!! Install it: MAX_JOBS=4 pip install "
+          "--no-build-isolation flash-attn==2.8.3", file=sys.stderr, flush=True)
+    overrides = (*cpu_platform.sdpa_overrides(), *config.verl.overrides)
+    env_vars = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{key}={hydra_value(value)}"
+                for key, value in _sdpa_env().items()]
+    return dataclasses.replace(config, verl=dataclasses.replace(
+        config.verl, overrides=(*overrides, *env_vars)))
+
+
+def _sdpa_env() -> dict[str, str]:
+    from agentrl.verl import cpu_platform
+
+    return {"VERL_USE_EXTERNAL_MODULES": cpu_platform.__name__, cpu_platform.SDPA_ENV: "1"}
+
+
 def _print_dry_run(verl_config: Any, command: list[str], env: Mapping[str, str],
-                   paths: Sequence[Path]) -> None:
+                   paths: Sequence[Path], report: Sequence[str]) -> None:
     from omegaconf import OmegaConf
 
     print(OmegaConf.to_yaml(verl_config, resolve=True), end="")  # as verl's workers see it
+    print("".join(f"# {line}\n" for line in report), end="")
     print(f"# verl's config above passed verl's checks. The run writes the task files "
           f"{paths[0]} and {paths[1]}, then runs:")
     shown = {key: env[key] for key in ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR")}

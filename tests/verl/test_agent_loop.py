@@ -527,3 +527,36 @@ def episode_calls(fake, game) -> list:
     """The server calls of one episode of ``game`` (its first request's prompt is the game's)."""
     return next(calls for calls in fake.episodes().values()
                 if calls[0].prompt_ids == game.prompt_ids)
+
+
+class AbortingServer:
+    """Answers ``aborted`` (with a partial reply, as vLLM does when verl aborts requests around
+    a weight update) ``aborts`` times, then completes."""
+
+    def __init__(self, aborts: int):
+        self.aborts, self.calls = aborts, 0
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        from verl.workers.rollout.replica import TokenOutput
+
+        self.calls += 1
+        if self.calls <= self.aborts:
+            return TokenOutput(token_ids=[7], log_probs=[-9.0], stop_reason="aborted")
+        return TokenOutput(token_ids=[5, 6, 2], log_probs=[-1.0, -1.0, -1.0],
+                           stop_reason="completed")
+
+
+def test_an_aborted_reply_is_asked_again_not_trained_on():
+    from agentrl.engines.local import SamplingParams
+
+    server = AbortingServer(aborts=2)
+    llm = agent_loop.ServerLLM(server, {"temperature": 1.0}, agent_loop.ResponseBudget(100),
+                               end_of_turn=[2], request_id="r")
+    ids, logprobs = asyncio.run(llm.generate([1, 2, 3], SamplingParams(max_new_tokens=8)))
+    assert (ids, logprobs, server.calls) == ([5, 6, 2], [-1.0, -1.0, -1.0], 3)
+    assert llm.budget.used == 3
+
+    always = agent_loop.ServerLLM(AbortingServer(aborts=99), {}, agent_loop.ResponseBudget(100),
+                                  end_of_turn=[2], request_id="r")
+    with pytest.raises(RuntimeError, match="aborted"):
+        asyncio.run(always.generate([1], SamplingParams(max_new_tokens=8)))

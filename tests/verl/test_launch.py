@@ -348,3 +348,37 @@ def test_scripts_reject_bad_positional_arguments():
     assert done.returncode == 2 and "GROUP_NUM must be a whole number, got 'many'" in done.stderr
     done = run_script(EXAMPLES[0], "--dry-run", "12", "", "", "", "", "", "", "8")
     assert done.returncode == 2 and re.search(r"GPUS=12 .* GPUS_PER_NODE=8", done.stderr)
+
+
+def fake_nvidia_smi(folder: Path, name: str, memory_mib: int) -> Path:
+    """An ``nvidia-smi`` answering the queries scripts/positional_args.sh makes, for one GPU."""
+    script = folder / "nvidia-smi"
+    script.write_text(f"""#!/usr/bin/env bash
+case "$*" in
+  -L) echo "GPU 0: {name} (UUID: GPU-0)" ;;
+  *query-gpu=name*) echo "{name}" ;;
+  *query-gpu=memory.total*) echo "{memory_mib}" ;;
+  *) exit 1 ;;
+esac
+""")
+    script.chmod(0o755)
+    return folder
+
+
+@pytest.mark.parametrize(("name", "memory_mib", "preset"), [
+    ("NVIDIA A100-SXM4-80GB", 81920, "a100"), ("NVIDIA A100-SXM4-40GB", 40960, "l40"),
+    ("NVIDIA A800-PCIE-40GB", 40960, "l40"), ("NVIDIA H100 80GB HBM3", 81559, "h100"),
+    ("NVIDIA H200", 143771, "h100"), ("NVIDIA L40S", 46068, "l40"),
+])
+def test_the_gpu_preset_follows_the_cards_memory_and_the_real_memory_is_passed(
+        tmp_path, name, memory_mib, preset):
+    """A 40 GB A100 gets the 48 GB sizes, and the preflight its real memory to fit them to."""
+    fake_nvidia_smi(tmp_path, name, memory_mib)
+    done = subprocess.run(
+        ["bash", "-c", f"source {ROOT}/scripts/positional_args.sh; gpu_hardware_preset; "
+         "gpu_memory_gb"], capture_output=True, text=True, check=False,
+        env={**os.environ, "PATH": f"{tmp_path}{os.pathsep}{os.environ['PATH']}"})
+    assert done.returncode == 0, done.stderr
+    found, memory_gb = done.stdout.split()
+    assert found == preset
+    assert float(memory_gb) == pytest.approx(memory_mib * 2**20 / 1e9, abs=0.1)

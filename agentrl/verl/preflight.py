@@ -1,0 +1,300 @@
+"""Before Ray starts: will verl's dispatch accept this run, and does it fit the GPUs?
+
+    from agentrl.verl.preflight import fit, check_dispatch
+    config, notes = fit(config)                  # micro-batches made divisors, memory fitted
+    check_dispatch(verl_config)                  # verl's own arithmetic on the composed config
+
+``verl.utils.config.validate_config`` (what ``--dry-run`` ran) leaves out the divisions verl 0.9.1
+asserts only when a batch reaches the workers, after minutes of start-up and the first
+rollout. :func:`check_dispatch` repeats them, each with the line of verl it mirrors:
+
+- the step's ``train_batch_size * rollout.n`` trajectories split evenly over the data-parallel
+  ranks (``DataProto.chunk``) and over the agent-loop workers (``AgentLoopManager``, legacy);
+- each rank's share in whole no-grad micro-batches (``rollout.log_prob_micro_batch_size_per_gpu``,
+  and the reference's: ``workers/engine/utils.prepare_micro_batches``);
+- the mini-batch (``ppo_mini_batch_size * rollout.n``) over the ranks
+  (``engine_workers.train_mini_batch``), a rank's share of the batch in whole mini-batches
+  (``tensordict_utils.make_iterator``) and a rank's mini-batch in whole micro-batches;
+- the critic, which batches by tokens: ``critic.ppo_max_token_len_per_gpu`` and
+  ``forward_max_token_len_per_gpu`` at least one whole trajectory
+  (``seqlen_balancing.rearrange_micro_batches``); vLLM replicas of ``tensor_model_parallel_size``
+  GPUs tile a node.
+
+:func:`fit` adapts what is safe to adapt (a smaller micro-batch only costs speed): micro-batches
+become the largest divisor of a GPU's share not above the asked size; then, against the card's
+memory (:func:`estimate_memory`, docs/HARDWARE.md's arithmetic), micro-batches shrink and the
+Adam states move to CPU memory until the estimate fits. What cannot be adapted is refused with
+the key and the fix.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import os
+from typing import Any
+
+from agentrl.config import TrainConfig
+
+__all__ = ["GB", "MODEL_SIZES", "ModelSize", "MemoryEstimate", "card_memory_gb",
+           "check_dispatch", "describe", "estimate_memory", "fit", "largest_divisor"]
+
+GB = 1e9
+MARGIN_GB = 4.0
+"""Per GPU: CUDA context, NCCL buffers, allocator fragmentation (docs/HARDWARE.md)."""
+VLLM_OVERHEAD_GB = 3.0
+"""vLLM's activations and CUDA graphs beside its weights and KV cache."""
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelSize:
+    """What the memory estimate needs of a model (docs/HARDWARE.md)."""
+
+    actor_params: float
+    critic_params: float
+    """The critic: the actor's backbone with a one-output head instead of the LM head."""
+    vocab: int
+    hidden: int
+    intermediate: int
+
+    def train_bytes_per_token(self) -> float:
+        """Logits in fp32 and bf16 with their gradients, plus one layer's working set."""
+        return self.vocab * 16 + 16 * self.hidden + 6 * self.intermediate
+
+    def infer_bytes_per_token(self) -> float:
+        """A no-grad forward: the logits and their log-softmax."""
+        return self.vocab * 10
+
+
+MODEL_SIZES = {
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelSize(0.494e9, 0.494e9, 151_936, 896, 4_864),
+    "Qwen/Qwen2.5-3B-Instruct": ModelSize(3.09e9, 3.09e9, 151_936, 2_048, 11_008),
+    "Qwen/Qwen2.5-7B-Instruct": ModelSize(7.62e9, 7.07e9, 152_064, 3_584, 18_944),
+}
+"""The model presets' models; others get no memory estimate (the preflight says so)."""
+
+
+def largest_divisor(number: int, at_most: int) -> int:
+    """The largest divisor of ``number`` that is at most ``at_most`` (at least 1)."""
+    return max(d for d in range(1, max(1, min(number, at_most)) + 1) if number % d == 0)
+
+
+def card_memory_gb(config: TrainConfig) -> float | None:
+    """Memory of one GPU: the preset's ``hardware.gpu_memory_gb``; on the CPU, the machine's."""
+    if config.hardware.gpu_memory_gb:
+        return config.hardware.gpu_memory_gb
+    if config.device == "cpu":
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / GB
+    return None
+
+
+# -- memory ----------------------------------------------------------------------------------------
+@dataclasses.dataclass(frozen=True)
+class MemoryEstimate:
+    """Peak GB per GPU in each phase of a step."""
+
+    update: float
+    no_grad: float
+    rollout: float
+
+    @property
+    def peak(self) -> float:
+        return max(self.update, self.no_grad, self.rollout)
+
+    def describe(self) -> str:
+        return (f"{self.peak:.1f} GB per GPU at the peak (actor update {self.update:.1f}, "
+                f"no-grad forwards {self.no_grad:.1f}, rollout {self.rollout:.1f})")
+
+
+def estimate_memory(config: TrainConfig, card_gb: float) -> MemoryEstimate | None:
+    """docs/HARDWARE.md's per-GPU arithmetic for ``config`` (None: a model it has no sizes of)."""
+    size = MODEL_SIZES.get(config.model.name)
+    if size is None:
+        return None
+    v = config.verl
+    gpus = v.nnodes * v.n_gpus_per_node
+    both = size.actor_params + size.critic_params
+    if v.optimizer_offload:  # fp32 weights stay; gradients and Adam come back for the update
+        resident = 4 * both / gpus / GB
+        during_update = resident + 12 * size.actor_params / gpus / GB
+    else:
+        resident = during_update = 16 * both / gpus / GB
+    tokens = v.max_prompt_length + v.max_response_length
+    micro = _train_micro(config)
+    update = during_update + micro * tokens * size.train_bytes_per_token() / GB + MARGIN_GB
+    no_grad = (resident + v.log_prob_micro_batch_size_per_gpu * tokens
+               * size.infer_bytes_per_token() / GB + MARGIN_GB)
+    rollout = resident + v.gpu_memory_utilization * card_gb + MARGIN_GB
+    return MemoryEstimate(update, no_grad, rollout)
+
+
+# -- fit: adapt what is safe -----------------------------------------------------------------------
+def _shares(config: TrainConfig) -> tuple[int, int, int]:
+    """(GPUs, trajectories per GPU per step, trajectories per GPU per mini-batch)."""
+    gpus = config.verl.nnodes * config.verl.n_gpus_per_node
+    batch = config.train.group_num * config.train.group_size
+    mini = config.actor.ppo_mini_batch_size or batch
+    return gpus, max(1, batch // gpus), max(1, mini // gpus)
+
+
+def _train_micro(config: TrainConfig) -> int:
+    """The actor's micro-batch per GPU as launched: a divisor of a GPU's mini-batch share."""
+    _, _, mini_share = _shares(config)
+    return largest_divisor(mini_share, config.actor.micro_batch_size)
+
+
+def fit(config: TrainConfig) -> tuple[TrainConfig, list[str]]:
+    """``config`` with its micro-batches made to divide a GPU's share and its memory fitted to the
+    card; the notes say what changed. ValueError (key and fix) where nothing safe fits."""
+    notes: list[str] = []
+    gpus, share, mini_share = _shares(config)
+    actor, verl = config.actor, config.verl
+    micro = largest_divisor(mini_share, actor.micro_batch_size)
+    if micro != actor.micro_batch_size:
+        notes.append(f"actor.micro_batch_size {actor.micro_batch_size} -> {micro}: a GPU's "
+                     f"mini-batch share is {mini_share} trajectories and verl splits it into "
+                     "whole micro-batches")
+        actor = dataclasses.replace(actor, micro_batch_size=micro)
+    log_prob = largest_divisor(share, verl.log_prob_micro_batch_size_per_gpu)
+    if log_prob != verl.log_prob_micro_batch_size_per_gpu:
+        notes.append(f"verl.log_prob_micro_batch_size_per_gpu "
+                     f"{verl.log_prob_micro_batch_size_per_gpu} -> {log_prob}: a GPU gets "
+                     f"{share} trajectories per step, split into whole no-grad micro-batches")
+        verl = dataclasses.replace(verl, log_prob_micro_batch_size_per_gpu=log_prob)
+    config = dataclasses.replace(config, actor=actor, verl=verl)
+    return _fit_memory(config, notes)
+
+
+def _fit_memory(config: TrainConfig, notes: list[str]) -> tuple[TrainConfig, list[str]]:
+    card = card_memory_gb(config)
+    if card is None or estimate_memory(config, card) is None:
+        notes.append(f"no memory estimate for model.name={config.model.name!r} "
+                     f"(docs/HARDWARE.md covers the model presets)")
+        return config, notes
+    for _ in range(64):
+        estimate = estimate_memory(config, card)
+        if estimate.peak <= card:
+            return config, notes
+        config, change = _shrink(config, estimate)
+        if change is None:
+            break
+        notes.append(change + f" to fit {card:.0f} GB per GPU")
+    v = config.verl
+    raise ValueError(
+        f"model.name={config.model.name!r} does not fit verl.nnodes * verl.n_gpus_per_node = "
+        f"{v.nnodes * v.n_gpus_per_node} GPUs of {card:.0f} GB even at micro-batches of 1 with "
+        f"verl.optimizer_offload=true: {estimate.describe()}. Fix: more GPUs "
+        f"(verl.nnodes / verl.n_gpus_per_node), a smaller model, shorter "
+        f"verl.max_response_length, or a lower verl.gpu_memory_utilization (docs/HARDWARE.md)")
+
+
+def _shrink(config: TrainConfig, estimate: MemoryEstimate) -> tuple[TrainConfig, str | None]:
+    """One safe step down in memory for the phase at the peak, or (config, None) when none is
+    left. Halving keeps a micro-batch a divisor of the share it divides."""
+    actor, v = config.actor, config.verl
+    if estimate.update >= estimate.no_grad and actor.micro_batch_size > 1:
+        micro = largest_divisor(_shares(config)[2], actor.micro_batch_size // 2)
+        return (dataclasses.replace(config, actor=dataclasses.replace(actor,
+                micro_batch_size=micro)),
+                f"actor.micro_batch_size {actor.micro_batch_size} -> {micro}")
+    if estimate.no_grad > estimate.update and v.log_prob_micro_batch_size_per_gpu > 1:
+        micro = largest_divisor(_shares(config)[1], v.log_prob_micro_batch_size_per_gpu // 2)
+        return (dataclasses.replace(config, verl=dataclasses.replace(v,
+                log_prob_micro_batch_size_per_gpu=micro)),
+                f"verl.log_prob_micro_batch_size_per_gpu {v.log_prob_micro_batch_size_per_gpu}"
+                f" -> {micro}")
+    if not v.optimizer_offload:
+        return (dataclasses.replace(config, verl=dataclasses.replace(v, optimizer_offload=True)),
+                "verl.optimizer_offload false -> true (Adam states in CPU memory)")
+    return config, None
+
+
+# -- verl's dispatch arithmetic --------------------------------------------------------------------
+def check_dispatch(verl_config: Any) -> None:
+    """verl 0.9.1's dispatch-time divisions on the composed ``ppo_trainer`` config (see the
+    module docstring); ValueError naming the key and the fix for the first that fails."""
+    from omegaconf import OmegaConf
+
+    def get(key: str) -> Any:
+        return OmegaConf.select(verl_config, key)
+
+    n = get("actor_rollout_ref.rollout.n")
+    batch = get("data.train_batch_size") * n
+    nodes, per_node = get("trainer.nnodes"), get("trainer.n_gpus_per_node")
+    ranks = nodes * per_node
+    sp = get("actor_rollout_ref.actor.ulysses_sequence_parallel_size") or 1
+    dp = ranks // sp
+    tokens = get("data.max_prompt_length") + get("data.max_response_length")
+    fix_batch = "train.group_num * train.group_size"
+
+    def need(ok: bool, key: str, message: str, fix: str) -> None:
+        if not ok:
+            raise ValueError(f"{key}: {message} (verl 0.9.1 asserts this when the first batch "
+                             f"reaches the workers); fix: {fix}")
+
+    need(batch % dp == 0, "data.train_batch_size * actor_rollout_ref.rollout.n",
+         f"{batch} trajectories do not split over {dp} data-parallel ranks",
+         f"{fix_batch} a multiple of {dp}")
+    tp = get("actor_rollout_ref.rollout.tensor_model_parallel_size")
+    need(per_node % tp == 0, "actor_rollout_ref.rollout.tensor_model_parallel_size",
+         f"vLLM replicas of {tp} GPUs do not tile a node of {per_node}",
+         "verl.tensor_model_parallel_size a divisor of verl.n_gpus_per_node")
+    if not get("trainer.use_v1"):
+        workers = get("actor_rollout_ref.rollout.agent.num_workers")
+        need(batch % workers == 0, "actor_rollout_ref.rollout.agent.num_workers",
+             f"{batch} trajectories do not split over {workers} agent-loop workers",
+             f"verl.agent_workers a divisor of {batch}")
+    share = batch // dp
+    if not get("actor_rollout_ref.actor.use_dynamic_bsz"):
+        for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+                    *(("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",)
+                      if _uses_reference(verl_config) else ())):
+            micro = get(key)
+            need(share % micro == 0, key,
+                 f"a rank's {share} trajectories do not split into micro-batches of {micro}",
+                 f"verl.log_prob_micro_batch_size_per_gpu a divisor of {share}")
+        mini = get("actor_rollout_ref.actor.ppo_mini_batch_size") * n
+        need(mini % dp == 0, "actor_rollout_ref.actor.ppo_mini_batch_size",
+             f"a mini-batch of {mini} trajectories does not split over {dp} ranks",
+             f"actor.ppo_mini_batch_size a multiple of {math.lcm(dp, n)}")
+        mini_share = mini // dp
+        need(share % mini_share == 0, "actor_rollout_ref.actor.ppo_mini_batch_size",
+             f"a rank's {share} trajectories are not whole mini-batches of {mini_share}",
+             f"actor.ppo_mini_batch_size a divisor of {fix_batch}")
+        micro = get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu")
+        need(mini_share % micro == 0, "actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu",
+             f"a rank's mini-batch of {mini_share} does not split into micro-batches of {micro}",
+             f"actor.micro_batch_size a divisor of {mini_share}")
+    if _uses_critic(verl_config):
+        for key in ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"):
+            need(get(key) >= tokens, key,
+                 f"{get(key)} tokens cannot hold one trajectory of up to {tokens}",
+                 "at least verl.max_prompt_length + verl.max_response_length")
+        critic_mini = get("critic.ppo_mini_batch_size") * n
+        need(critic_mini % dp == 0, "critic.ppo_mini_batch_size",
+             f"a mini-batch of {critic_mini} trajectories does not split over {dp} ranks",
+             f"actor.ppo_mini_batch_size a multiple of {dp}")
+
+
+def _uses_critic(verl_config: Any) -> bool:
+    from verl.trainer.ppo.utils import need_critic
+
+    return need_critic(verl_config)
+
+
+def _uses_reference(verl_config: Any) -> bool:
+    from verl.trainer.ppo.utils import need_reference_policy
+
+    return need_reference_policy(verl_config)
+
+
+def describe(config: TrainConfig) -> str:
+    """One line: the GPUs the run uses and its memory estimate against the card."""
+    v, card = config.verl, card_memory_gb(config)
+    gpus = v.nnodes * v.n_gpus_per_node
+    where = "the CPU as 1 GPU" if config.device == "cpu" else f"{gpus} GPUs ({v.nnodes} x " \
+        f"{v.n_gpus_per_node})"
+    estimate = estimate_memory(config, card) if card else None
+    memory = (f"; {estimate.describe()} of {card:.0f} GB" if estimate else
+              f"; card {card:.0f} GB, no estimate for this model" if card else "")
+    return f"preflight: {where}{memory}"
