@@ -20,7 +20,8 @@ alone (``device``, ``threads``, ``model.dtype``: verl keeps fp32 master weights 
 bf16, ``rollout.max_batch``, ``rollout.max_wait_ms``, ``rollout.prefix_cache_tokens``: vLLM
 caches prefixes itself) are not read; settings verl has no counterpart for and that would change
 the training (``rollout.filter_ratio``, ``rollout.norm_method``, ``critic.share_backbone``,
-``lora.dropout``) fail at start-up (``TrainConfig``'s verl checks).
+``lora.dropout``, ``critic.value_clip_scale: returns``: verl's critic clips in return units, so
+the GPU hardware presets set ``absolute``) fail at start-up (``TrainConfig``'s verl checks).
 
 Before verl starts, the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
 and our resolved config to ``<run_dir>/config.yaml``. While it runs, our AgentLoop's manager
