@@ -312,9 +312,10 @@ class LocalTrainer:
     def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer, *,
                old_logprobs: bool = True, values: bool = True) -> dict[str, torch.Tensor]:
         """Old log-probs and values (unless ``old_logprobs``/``values`` are False: the updates'
-        first passes give them), reference log-probs over the batch, micro-batch by micro-batch. A critic on
-        the actor's backbone gets its values, and its update's inputs (``critic_features``: the
-        backbone does not change before the critic update), from the old-log-prob pass."""
+        first passes give them) and reference log-probs over the batch, micro-batch by
+        micro-batch. A critic on the actor's backbone gets its values, and its update's inputs
+        (``critic_features``: the backbone does not change before the critic update), from the
+        old-log-prob pass."""
         size = self.config.actor.micro_batch_size
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
@@ -401,7 +402,9 @@ class LocalTrainer:
         skipped = 0
         if critic_pass_values and all_finite(rewards):  # the critic's pass gives the values
             self._first_pass_values = torch.zeros_like(mask)
-            critic_metrics, skipped = self._critic_update(batch, timer, config.critic.cliprange_value)
+            # the clip is around this pass's own values: it cannot bind
+            critic_metrics, skipped = self._critic_update(batch, timer,
+                                                          config.critic.cliprange_value)
             metrics.update(critic_metrics)
             scored["values"] = self._first_pass_values
         advantages = returns = None
@@ -499,7 +502,8 @@ class LocalTrainer:
                     finite = True
                     terms: dict[str, float] = defaultdict(float)
                     for m in range(0, len(rows), micro):
-                        loss, micro_terms, stats = micro_loss(micro_rows(batch, rows[m:m + micro]), size)
+                        part = micro_rows(batch, rows[m:m + micro])
+                        loss, micro_terms, stats = micro_loss(part, size)
                         if not torch.isfinite(loss):
                             finite = False
                             break
