@@ -80,3 +80,10 @@ def test_value_head_stays_float32_under_autocast(tiny):
     with compute_precision("cpu", "bfloat16"):
         autocast = critic.values_from(features)
     assert torch.equal(autocast, critic.values_from(features))
+
+
+def test_float16_is_rejected_on_the_local_trainer_naming_the_key():
+    from agentrl.config import compose_config
+
+    with pytest.raises(ValueError, match=r"model.dtype='float16' is not allowed.*'bfloat16'"):
+        compose_config(["model=tiny", "model.dtype=float16"])

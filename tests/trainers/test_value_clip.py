@@ -38,3 +38,12 @@ def test_a_clip_scaled_to_the_returns_lets_the_critic_reach_them(tmp_path, one_t
     assert scaled_clip == pytest.approx(5.0) and absolute_clip == 0.5
     assert scaled >= 8.5
     assert absolute <= 7.0
+
+
+def test_verl_takes_only_the_absolute_clip():
+    from agentrl.config import compose_config
+
+    gpu = ["hardware=a100", "model=qwen_halfb"]
+    assert compose_config(gpu).critic.value_clip_scale == "absolute"  # the GPU presets' choice
+    with pytest.raises(ValueError, match=r"critic.value_clip_scale='returns' is not allowed"):
+        compose_config([*gpu, "critic.value_clip_scale=returns"])
