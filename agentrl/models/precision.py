@@ -19,7 +19,8 @@ import torch
 __all__ = ["compute_precision"]
 
 
-def compute_precision(device: str | torch.device, dtype: str | torch.dtype | None) -> ContextManager:
+def compute_precision(device: str | torch.device,
+                      dtype: str | torch.dtype | None) -> ContextManager:
     """Autocast to ``dtype`` on ``device``'s type; a no-op for ``None`` and float32."""
     if isinstance(dtype, str):
         dtype = getattr(torch, dtype)

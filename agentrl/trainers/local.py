@@ -12,9 +12,10 @@ One training step is a short sequence of named stages (each timed as ``timing/<s
 2. ``filter``: in-group std filtering and return normalization, then :func:`to_batch`.
 3. ``old_logprobs`` / ``ref`` / ``values``: the actor's log-probs of the sampled tokens (the PPO
    ratio's denominator), the frozen reference's (only when a KL term is on) and the critic's
-   values, without gradients. With one epoch over one mini-batch the old log-probs are not
-   computed here: the update's own first pass is at the old weights, and its detached
-   log-probs are the old ones (see :meth:`LocalTrainer._first_pass_is_old`).
+   values, without gradients. With one epoch over one mini-batch the old log-probs, and a
+   separate critic's values, are not computed here: the updates' own first passes are at the
+   old weights, and their detached outputs are the old ones (see
+   :meth:`LocalTrainer._first_pass_is_old` and :meth:`LocalTrainer._critic_pass_gives_values`).
 4. ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator).
 5. ``critic`` then ``actor``: ``ppo_epochs`` passes over shuffled mini-batches, each the sum of
    micro-batch gradients (exact accumulation, see :mod:`agentrl.trainers.ppo`), grad-norm
@@ -138,6 +139,7 @@ class LocalTrainer:
             self.pad_token_id = self.tokenizer.eos_token_id
         self.ref = None
         self._first_pass_logprobs: torch.Tensor | None = None  # see _first_pass_is_old
+        self._first_pass_values: torch.Tensor | None = None  # see _critic_pass_gives_values
         self._setup_actor()
         self.critic = (ValueModel.from_actor(self.actor, share_backbone=config.critic.share_backbone)
                        if config.algorithm.adv_estimator == "gae" else None)
@@ -333,11 +335,12 @@ class LocalTrainer:
 
     @torch.no_grad()
     def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer, *,
-               old_logprobs: bool = True) -> dict[str, torch.Tensor]:
-        """Old log-probs (unless ``old_logprobs`` is False: the update's first pass gives them),
-        reference log-probs and values over the batch, micro-batch by micro-batch. A critic on
-        the actor's backbone gets its values, and its update's inputs (``critic_features``: the
-        backbone does not change before the critic update), from the old-log-prob pass."""
+               old_logprobs: bool = True, values: bool = True) -> dict[str, torch.Tensor]:
+        """Old log-probs and values (unless ``old_logprobs``/``values`` are False: the updates'
+        first passes give them) and reference log-probs over the batch, micro-batch by
+        micro-batch. A critic on the actor's backbone gets its values, and its update's inputs
+        (``critic_features``: the backbone does not change before the critic update), from the
+        old-log-prob pass."""
         size = self.config.actor.micro_batch_size
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
@@ -358,7 +361,7 @@ class LocalTrainer:
             if self._needs_ref():
                 with timer("ref"), self._reference() as ref, self._precision():
                     parts["ref"].append(pad_responses(response_logprobs(ref, micro, temperature=temperature)[0], length))
-            if self.critic is not None and not shared:
+            if self.critic is not None and not shared and values:
                 with timer("values"), self._precision():
                     parts["values"].append(pad_responses(self.critic(micro), length))
         return {k: torch.cat(v).cpu() for k, v in parts.items()}
@@ -411,25 +414,36 @@ class LocalTrainer:
         mask = batch["response_mask"].float()
         n = batch["responses"].shape[0]
         first_pass_is_old = self._first_pass_is_old(n)
-        scored = self._score(batch, timer, old_logprobs=not first_pass_is_old)
+        one_row_per_episode = len(torch.unique(batch["episode_index"])) == n
+        critic_pass_values = self._critic_pass_gives_values(n) and one_row_per_episode
+        scored = self._score(batch, timer, old_logprobs=not first_pass_is_old,
+                             values=not critic_pass_values)
         with timer("advantages"):
             rewards = batch["token_level_rewards"].float()
             if algo.use_kl_in_reward:
                 rewards, kl = ppo.rewards_with_kl(rewards, mask, scored["old"], scored["ref"],
                                                   kl_coef=algo.kl_coef, kl_penalty=algo.kl_penalty)
                 metrics["actor/reward_kl"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
-            advantages, returns = ppo.compute_advantages(
-                algo.adv_estimator, rewards, mask, values=scored.get("values"),
-                group_index=batch["group_index"].numpy(), gamma=algo.gamma, lam=algo.lam,
-                norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-                episode_index=batch["episode_index"], gamma_unit=algo.gamma_unit)
-        if not all_finite(rewards, advantages, returns):
+        batch = {**batch, "row": torch.arange(n), "rewards": rewards}
+        skipped = 0
+        if critic_pass_values and all_finite(rewards):  # the critic's pass gives the values
+            self._first_pass_values = torch.zeros_like(mask)
+            # the clip is around this pass's own values: it cannot bind
+            critic_metrics, skipped = self._critic_update(batch, timer,
+                                                          config.critic.cliprange_value)
+            metrics.update(critic_metrics)
+            scored["values"] = self._first_pass_values
+        advantages = returns = None
+        if all_finite(rewards):
+            with timer("advantages"):
+                advantages, returns = self._advantages(rewards, mask, scored.get("values"),
+                                                       batch["group_index"], batch["episode_index"])
+        if advantages is None or not all_finite(advantages, returns):
             log.warning("non-finite rewards or advantages: this step's update is skipped")
             metrics["guard/skipped_updates"] = 1.0
             return metrics
-        batch = {**batch, "advantages": advantages, "returns": returns}
+        batch.update(advantages=advantages, returns=returns)
         if first_pass_is_old:  # filled by the actor's update, row by row
-            batch["row"] = torch.arange(n)
             self._first_pass_logprobs = torch.zeros_like(mask)
         else:
             batch["old_logprobs"] = scored["old"]
@@ -440,17 +454,11 @@ class LocalTrainer:
                 batch[key] = scored[key]
         metrics["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
-        skipped = 0
-        if self.critic is not None:
+        if self.critic is not None and not critic_pass_values:
             clip = self._value_clip(returns, mask)
             metrics["critic/cliprange_value"] = clip
-            with timer("critic"):
-                critic_metrics, s = self._epochs(
-                    batch, functools.partial(self._critic_micro, cliprange_value=clip),
-                    self.critic_optim, self.critic.trainable_parameters(), config.critic.grad_clip,
-                    config.critic.ppo_epochs or config.actor.ppo_epochs, "critic")
-                metrics.update(critic_metrics)
-                skipped += s
+            critic_metrics, skipped = self._critic_update(batch, timer, clip)
+            metrics.update(critic_metrics)
         with timer("actor"):
             actor_metrics, s = self._epochs(batch, self._actor_micro, self.actor_optim,
                                             [p for p in self.actor.parameters() if p.requires_grad],
@@ -467,6 +475,36 @@ class LocalTrainer:
         metrics["guard/skipped_updates"] = float(skipped)
         warn_if_entropy_collapsed(metrics.get("actor/entropy"))
         return metrics
+
+    def _advantages(self, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None,
+                    group_index: torch.Tensor, episode_index: torch.Tensor
+                    ) -> tuple[torch.Tensor, torch.Tensor]:
+        algo = self.config.algorithm
+        return ppo.compute_advantages(
+            algo.adv_estimator, rewards, mask, values=values, group_index=group_index.numpy(),
+            gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            episode_index=episode_index, gamma_unit=algo.gamma_unit)
+
+    def _critic_pass_gives_values(self, n: int) -> bool:
+        """Whether a critic with its own backbone updates in one pass over one mini-batch of the
+        ``n`` trajectories. Its forward then runs at the old weights, so that pass's detached
+        values are the ones GAE needs, and a separate no-grad values pass would compute them
+        again. A trajectory's returns depend on its own values and rewards only, so the update
+        computes them micro-batch by micro-batch; the batch's (whitened) advantages follow it.
+        Only when every episode is one row (:meth:`_update` checks): an episode split into
+        context windows needs its later rows' values for its returns."""
+        config = self.config
+        epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
+        return (self.critic is not None and not self.critic.shared and epochs == 1
+                and (config.actor.ppo_mini_batch_size or n) >= n)
+
+    def _critic_update(self, batch, timer: StageTimer, clip: float) -> tuple[dict[str, float], int]:
+        config = self.config
+        with timer("critic"):
+            return self._epochs(batch, functools.partial(self._critic_micro, cliprange_value=clip),
+                                self.critic_optim, self.critic.trainable_parameters(),
+                                config.critic.grad_clip,
+                                config.critic.ppo_epochs or config.actor.ppo_epochs, "critic")
 
     def _epochs(self, batch, micro_loss, optim, params, grad_clip: float, epochs: int,
                 role: str) -> tuple[dict[str, float], int]:
@@ -495,7 +533,8 @@ class LocalTrainer:
                     finite = True
                     terms: dict[str, float] = defaultdict(float)
                     for m in range(0, len(rows), micro):
-                        loss, micro_terms, stats = micro_loss(micro_rows(batch, rows[m:m + micro]), size)
+                        part = micro_rows(batch, rows[m:m + micro])
+                        loss, micro_terms, stats = micro_loss(part, size)
                         if not torch.isfinite(loss):
                             finite = False
                             break
@@ -560,8 +599,14 @@ class LocalTrainer:
                 vpreds = self.critic(micro)
         else:
             vpreds = self.critic.values_from(features.to(device))
-        loss, clipfrac = ppo.value_loss(vpreds, micro["returns"].to(device),
-                                        micro["values"].to(device), mask,
+        old, returns = micro.get("values"), micro.get("returns")
+        if old is None:  # the first pass runs at the old weights: its values are the old ones
+            old = vpreds.detach()
+            width = self._first_pass_values.shape[1]
+            self._first_pass_values[micro["row"]] = pad_responses(old.cpu(), width)
+            returns = self._advantages(micro["rewards"], micro["response_mask"].float(),
+                                       old.cpu(), micro["group_index"], micro["episode_index"])[1]
+        loss, clipfrac = ppo.value_loss(vpreds, returns.to(device), old.to(device), mask,
                                         cliprange_value=cliprange_value,
                                         mode=self.config.actor.loss_agg_mode, size=size)
         vpred_mean = float((vpreds.detach() * mask).sum() / mask.sum().clamp(min=1))

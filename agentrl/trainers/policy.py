@@ -160,8 +160,10 @@ class ValueModel(nn.Module):
         return cls(backbone, hidden, shared=share_backbone).to(param.device)
 
     def values_from(self, features: torch.Tensor) -> torch.Tensor:
-        """Values from last hidden states ``(B, R, H)`` already computed (by the actor's pass)."""
-        return self.head(features.to(self.head.weight.dtype)).squeeze(-1).float()
+        """Values from last hidden states ``(B, R, H)`` already computed (by the actor's pass).
+        The head runs in float32 even under autocast: a bf16 value of 10 is only good to 0.06."""
+        with torch.autocast(device_type=features.device.type, enabled=False):
+            return self.head(features.to(self.head.weight.dtype)).squeeze(-1).float()
 
     def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         device = self.head.weight.device

@@ -20,7 +20,8 @@ alone (``device``, ``threads``, ``model.dtype``: verl keeps fp32 master weights 
 bf16, ``rollout.max_batch``, ``rollout.max_wait_ms``, ``rollout.prefix_cache_tokens``: vLLM
 caches prefixes itself) are not read; settings verl has no counterpart for and that would change
 the training (``rollout.filter_ratio``, ``rollout.norm_method``, ``critic.share_backbone``,
-``lora.dropout``) fail at start-up (``TrainConfig``'s verl checks).
+``lora.dropout``, ``critic.value_clip_scale: returns``: verl's critic clips in return units, so
+the GPU hardware presets set ``absolute``) fail at start-up (``TrainConfig``'s verl checks).
 
 Before anything starts, :mod:`agentrl.verl.preflight` fits the micro-batches to each GPU's
 share and the memory estimate to the card, and checks verl's dispatch divisions on the composed

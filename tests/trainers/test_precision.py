@@ -66,3 +66,24 @@ def test_sampler_and_trainer_compute_in_the_same_precision(tmp_path, one_torch_t
     gap_same, gap_full = (sampled - same).abs().mean(), (sampled - full).abs().mean()
     print("mean gap: same precision", float(gap_same), "fp32 recompute", float(gap_full))
     assert gap_same < 0.5 * gap_full
+
+
+def test_value_head_stays_float32_under_autocast(tiny):
+    """Values of +-10 need more than bf16's three digits: the head is not autocast."""
+    from agentrl.models.precision import compute_precision
+    from agentrl.trainers.policy import ValueModel
+
+    model, _ = tiny
+    critic = ValueModel.from_actor(model, share_backbone=True)
+    torch.nn.init.normal_(critic.head.weight, std=3.0)
+    features = torch.randn(2, 5, model.config.hidden_size, generator=torch.Generator().manual_seed(0))
+    with compute_precision("cpu", "bfloat16"):
+        autocast = critic.values_from(features)
+    assert torch.equal(autocast, critic.values_from(features))
+
+
+def test_float16_is_rejected_on_the_local_trainer_naming_the_key():
+    from agentrl.config import compose_config
+
+    with pytest.raises(ValueError, match=r"model.dtype='float16' is not allowed.*'bfloat16'"):
+        compose_config(["model=tiny", "model.dtype=float16"])

@@ -1,0 +1,81 @@
+"""One PPO epoch over one mini-batch: the old log-probs are the update's own first-pass
+log-probs (detached), and a separate critic's old values its update's first-pass values, not
+separate no-grad passes. The update is the same either way (weights after the step within
+1e-6), and actor and critic each run one forward pass fewer per micro-batch."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from agentrl.trainers.local import LocalTrainer, StageTimer
+from update_fixtures import GradientRecorder, relative_difference, tiny_trainer, two_turn_batch
+
+
+def one_step(tmp_path, *overrides: str) -> dict:
+    """Per role (actor, critic): weights after one step, gradients applied, forward passes."""
+    trainer = tiny_trainer(tmp_path, "actor.lr=1e-4", "critic.lr=1e-4", "actor.micro_batch_size=2",
+                           *overrides)
+    roles = {"actor": (trainer.actor, trainer.actor_optim)}
+    if trainer.critic is not None:
+        roles["critic"] = (trainer.critic, trainer.critic_optim)
+    out = {}
+    for role, (model, optim) in roles.items():
+        out[role] = {"passes": 0, "recorder": GradientRecorder(optim), "model": model}
+
+        def count(*_, record=out[role]):
+            record["passes"] += 1
+
+        model.register_forward_pre_hook(count)
+    trainer.step = 1
+    metrics = trainer._update(two_turn_batch(4), StageTimer())
+    for record in out.values():
+        record["weights"] = [p.detach().clone() for p in record.pop("model").parameters()]
+        record["grads"] = record.pop("recorder").steps[0]
+    out["metrics"] = metrics
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("critic", ["algorithm.adv_estimator=grpo", "critic.share_backbone=false"])
+def test_first_pass_old_logprobs_and_values_give_the_same_update(tmp_path, monkeypatch, critic,
+                                                                 one_torch_thread):
+    fast = one_step(tmp_path / "fast", critic)
+    with monkeypatch.context() as patch:
+        patch.setattr(LocalTrainer, "_first_pass_is_old", lambda self, n: False)
+        patch.setattr(LocalTrainer, "_critic_pass_gives_values", lambda self, n: False)
+        slow = one_step(tmp_path / "slow", critic)
+    assert fast["metrics"]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1 in that pass
+    for role in ("actor", "critic") if "critic" in fast else ("actor",):
+        print(f"{role} forward passes: {fast[role]['passes']} with the shortcut, "
+              f"{slow[role]['passes']} without")
+        assert fast[role]["passes"] == slow[role]["passes"] - 2  # 4 trajectories, micro 2
+        assert relative_difference(fast[role]["grads"], slow[role]["grads"]) < 1e-5
+        assert max(float((a - b).abs().max())
+                   for a, b in zip(fast[role]["weights"], slow[role]["weights"])) < 1e-6
+    if "critic" in fast:
+        assert fast["metrics"]["critic/vf_clipfrac"] == 0.0
+        assert fast["metrics"]["critic/returns_mean"] == pytest.approx(
+            slow["metrics"]["critic/returns_mean"], abs=1e-6)
+
+
+def test_no_shortcut_where_the_old_logprobs_are_needed_first(tmp_path, one_torch_thread):
+    """Several mini-batches or epochs update between passes; KL in the reward reads the old
+    log-probs before the advantages; a critic on the actor's backbone needs that pass for its
+    values."""
+    trainer = tiny_trainer(tmp_path / "separate", "critic.share_backbone=false")
+    assert trainer._first_pass_is_old(4)
+    config = trainer.config
+    for section, key, value in (("actor", "ppo_mini_batch_size", 2), ("actor", "ppo_epochs", 2),
+                                ("algorithm", "use_kl_in_reward", True)):
+        changed = dataclasses.replace(getattr(config, section), **{key: value})
+        trainer.config = dataclasses.replace(config, **{section: changed})
+        assert not trainer._first_pass_is_old(4), key
+    trainer.config = config
+    assert trainer._critic_pass_gives_values(4)
+    trainer.config = dataclasses.replace(config, critic=dataclasses.replace(config.critic, ppo_epochs=2))
+    assert not trainer._critic_pass_gives_values(4)
+    shared = tiny_trainer(tmp_path / "shared", "critic.share_backbone=true")
+    assert not shared._first_pass_is_old(4) and not shared._critic_pass_gives_values(4)
