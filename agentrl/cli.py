@@ -9,12 +9,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentrl import __version__, bench_cli, eval_cli, make_data_cli, play, train_cli
+from agentrl import __version__, bench_cli, eval_cli, make_data_cli, play, sft_cli, train_cli
 
 COMMANDS = {
     "play": (play, "play a game in the terminal, or watch the oracle solve it"),
     "eval": (eval_cli, "play held-out games and report success, return, turns per preset"),
     "train": (train_cli, "train with PPO (hydra key=value overrides of configs/base.yaml)"),
+    "sft": (sft_cli, "supervised warm start on the oracle's play (same overrides as train)"),
     "make-data": (make_data_cli, "write the verl backend's task files (preset, seed, split)"),
     "bench": (bench_cli, "run a benchmark of scripts/bench/ (none named: list them)"),
 }

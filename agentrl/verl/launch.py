@@ -108,7 +108,9 @@ def _data(config: TrainConfig, data_paths: Sequence[str | Path]) -> dict[str, An
 
 def _models(config: TrainConfig) -> dict[str, Any]:
     model, lora = config.model, config.lora
-    folder = Path(model.name).expanduser()
+    from agentrl.models.loading import checkpoint_model_folder
+
+    folder = checkpoint_model_folder(Path(model.name).expanduser())  # an SFT checkpoint: actor/
     path = str(folder.resolve()) if folder.is_dir() else model.name  # workers have other cwds
     out: dict[str, Any] = {}
     for role in ("actor_rollout_ref.model", "critic.model"):
