@@ -33,7 +33,19 @@ from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["ScriptedReplies", "choose_reply", "demonstration_messages", "play_demonstrations"]
+__all__ = ["DEMO_SEED_OFFSET", "ScriptedReplies", "choose_reply", "demonstration_messages",
+           "demonstration_seeds", "play_demonstrations"]
+
+DEMO_SEED_OFFSET = 500_000
+"""Demonstrations play training seeds from here on: the upper half of the training range, away
+from the seeds PPO's first steps play (``train_seeds`` starts at ``seed * 100_003``)."""
+
+
+def demonstration_seeds(count: int) -> list[int]:
+    """The training seeds of ``count`` demonstrations (the same for both backends)."""
+    from agentrl.envs.splits import split_seeds
+
+    return split_seeds("train", count, DEMO_SEED_OFFSET)
 
 
 def choose_reply(agent: Agent, rng: random.Random, random_action_share: float) -> tuple[str, bool]:

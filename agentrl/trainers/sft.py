@@ -51,11 +51,12 @@ import torch
 from tqdm.auto import tqdm
 
 from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.envs.splits import split_seeds
 from agentrl.evaluation import EvalResult, evaluate
 from agentrl.models import load_model
 from agentrl.rollout import to_batch
-from agentrl.rollout.demonstrations import play_demonstrations
+from agentrl.rollout.demonstrations import (
+    DEMO_SEED_OFFSET, demonstration_seeds, play_demonstrations,
+)
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.local import _device
@@ -67,9 +68,6 @@ __all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients"
 
 log = logging.getLogger("agentrl.sft")
 
-DEMO_SEED_OFFSET = 500_000
-"""Demonstrations play training seeds from here on: the upper half of the training range, away
-from the seeds PPO's first steps play (``train_seeds`` starts at ``seed * 100_003``)."""
 SUMMARY_FILE = "sft_summary.json"
 
 
@@ -204,7 +202,7 @@ class SFTTrainer:
         """The oracle's episodes of the SFT presets, in the RL token layout."""
         config, sft = self.config, self.config.sft
         presets = config.playing_presets(config.sft_presets, config.rollout.max_new_tokens)
-        seeds = split_seeds("train", sft.episodes, DEMO_SEED_OFFSET)
+        seeds = demonstration_seeds(sft.episodes)
         with tqdm(total=len(seeds), desc="oracle demonstrations", unit="ep") as bar:
             kept = self.loop.run_until_complete(play_demonstrations(
                 presets, self.tokenizer, seeds,
