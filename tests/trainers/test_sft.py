@@ -156,3 +156,37 @@ def test_accumulation_is_exact(tiny):
     assert loss_1 == pytest.approx(loss_all, rel=1e-5)
     for a, b in zip(g_1, g_all):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+@pytest.mark.slow
+def test_checkpoint_is_a_plain_model_that_train_and_eval_start_from(tmp_path):
+    """LoRA SFT saves the merged weights in the checkpoint format; ``model=<checkpoint>`` loads
+    them (the train config accepts it and load_model reads its actor/ folder)."""
+    from agentrl.eval_cli import model_path
+    from agentrl.models import load_model
+
+    config = sft_config(tmp_path, epochs=2, lr=1e-2, episodes=2, mini_batch_size=2,
+                        micro_batch_size=1, evaluate=True)
+    config = build_config({**config.to_dict(), "lora": {"rank": 4, "alpha": 8}})
+    trainer = sft.SFTTrainer(config)
+    try:
+        result = trainer.fit()
+        batch = to_batch(trainer.demonstrations(), trainer.tokenizer.pad_token_id)
+        trained = trainer.model  # merged by save: a plain model now
+        with torch.no_grad():
+            expected = sft.masked_logprobs(trained, batch, batch["response_mask"])
+    finally:
+        trainer.close()
+    assert result.updates == 2 and result.checkpoint.parent.name == "checkpoints"
+    assert result.before.presets == result.after.presets == ["replay"]
+    assert (result.checkpoint.parent.parent / sft.SUMMARY_FILE).exists()
+    train_config = compose_config(["model=tiny", f"model.name={result.checkpoint}"])
+    loaded, _ = load_model(train_config.model.name)
+    assert not any("lora" in name for name, _ in loaded.named_parameters())
+    with torch.no_grad():
+        torch.testing.assert_close(sft.masked_logprobs(loaded, batch, batch["response_mask"]),
+                                   expected)
+        base, _ = load_model("tiny")
+        assert not torch.allclose(sft.masked_logprobs(base, batch, batch["response_mask"]),
+                                  expected, atol=1e-3)  # the adapters did change the model
+    assert model_path(str(result.checkpoint.parent.parent)).endswith("actor")  # agentrl eval
