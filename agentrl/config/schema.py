@@ -34,8 +34,8 @@ from agentrl.agents.config import AgentConfig, agent_presets_from_dict, check_en
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
-    "ModelConfig", "RolloutConfig", "SftConfig", "TrainConfig", "TrainGroupsConfig", "TrainerConfig",
-    "ValConfig", "VerlConfig", "build_config",
+    "ModelConfig", "RolloutConfig", "SftConfig", "TrainConfig", "TrainGroupsConfig",
+    "TrainerConfig", "ValConfig", "VerlConfig", "build_config",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")

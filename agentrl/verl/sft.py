@@ -1,4 +1,4 @@
-"""``agentrl sft backend=verl``: the oracle's play as verl's multi-turn SFT data, and verl's trainer.
+"""``agentrl sft backend=verl``: oracle play as verl's multi-turn SFT data, run by verl's trainer.
 
     agentrl make-data --sft hardware=a100 model=qwen_halfb 'sft.presets=[simpleSokobanAgent]'
     agentrl sft --dry-run backend=verl hardware=a100 model=qwen_halfb   # command + config, checked

@@ -40,8 +40,8 @@ def sft_config(tmp_path, **sft_keys):
     base["val"].update(presets=["replay"], group_num=2)
     base["rollout"].update(max_new_tokens=4, max_context_tokens=1024, prefix_cache_tokens=0)
     base["sft"].update({"episodes": EPISODES, "epochs": 80, "lr": 3e-3,
-                        "mini_batch_size": EPISODES, "micro_batch_size": EPISODES, "evaluate": False,
-                        **sft_keys})
+                        "mini_batch_size": EPISODES, "micro_batch_size": EPISODES,
+                        "evaluate": False, **sft_keys})
     return build_config(base)
 
 
