@@ -190,3 +190,26 @@ def test_checkpoint_is_a_plain_model_that_train_and_eval_start_from(tmp_path):
         assert not torch.allclose(sft.masked_logprobs(base, batch, batch["response_mask"]),
                                   expected, atol=1e-3)  # the adapters did change the model
     assert model_path(str(result.checkpoint.parent.parent)).endswith("actor")  # agentrl eval
+
+
+def test_cli_prints_the_config_and_names_bad_keys(capsys):
+    from agentrl import cli
+
+    assert cli.main(["sft", "--print-config", "sft.episodes=5"]) == 0
+    assert "episodes: 5" in capsys.readouterr().out
+    with pytest.raises(SystemExit):
+        cli.main(["sft", "sft.epochs=0"])
+    assert "sft.epochs=0 is not allowed" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_cli_runs_sft_and_prints_the_next_command(tmp_path, capsys, one_torch_thread):
+    from agentrl import cli
+
+    assert cli.main(["sft", "model=tiny", f"run_dir={tmp_path}", "sft.presets=[banditAgent]",
+                     "val.presets=[banditAgent]", "val.group_num=2", "sft.episodes=2",
+                     "sft.epochs=1", "sft.mini_batch_size=2", "threads=1",
+                     "rollout.max_new_tokens=8"]) == 0
+    out = capsys.readouterr().out
+    assert "SFT: 2 demonstrations" in out and "held-out greedy success after: banditAgent" in out
+    assert f"agentrl train model={tmp_path / 'sft' / 'checkpoints' / 'step_000001'}" in out
