@@ -10,12 +10,15 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentrl import __version__, bench_cli, eval_cli, make_data_cli, play, report_cli, train_cli
+from agentrl import (
+    __version__, bench_cli, eval_cli, make_data_cli, play, report_cli, sft_cli, train_cli,
+)
 
 COMMANDS = {
     "play": (play, "play a game in the terminal, or watch the oracle solve it"),
     "eval": (eval_cli, "play held-out games and report success, return, turns per preset"),
     "train": (train_cli, "train with PPO (hydra key=value overrides of configs/base.yaml)"),
+    "sft": (sft_cli, "supervised warm start on the oracle's play (same overrides as train)"),
     "make-data": (make_data_cli, "write the verl backend's task files (preset, seed, split)"),
     "report": (report_cli, "write one self-contained HTML page of a run or an eval file"),
     "bench": (bench_cli, "run a benchmark of scripts/bench/ (none named: list them)"),

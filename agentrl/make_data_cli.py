@@ -2,6 +2,7 @@
 
     agentrl make-data hardware=a100 model=qwen_3b 'train.presets=[simpleSokobanAgent]'
     agentrl make-data --out data/sokoban train.total_steps=50 train.group_num=8
+    agentrl make-data --sft 'sft.presets=[simpleSokobanAgent]' sft.episodes=512   # verl's SFT data
 
 Writes `train.parquet` (train.total_steps x train.group_num rows: one game per group, seeds from
 the training split) and `val.parquet` (val.group_num held-out games per validation preset) into
@@ -9,6 +10,11 @@ the training split) and `val.parquet` (val.group_num held-out games per validati
 command writes them itself before every run (the same rows: they depend on the config only), so
 this is for looking at them, or for making TextWorld's games ahead of time. Row layout:
 agentrl/verl/data.py.
+
+`--sft` writes the supervised warm start's data instead: `sft_train.parquet` (sft.episodes oracle
+episodes of sft.presets, a `messages` column as verl's multi-turn SFT dataset reads it) and
+`sft_val.parquet` (oracle episodes on the held-out seeds), by default into <sft.output_dir>/data
+where `agentrl sft backend=verl` reads them. Layout: agentrl/verl/sft.py.
 """
 
 from __future__ import annotations
@@ -23,7 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="hydra overrides of configs/base.yaml (e.g. train.group_num=8)")
     parser.add_argument("--out", type=Path, default=None,
-                        help="folder for train.parquet and val.parquet (default <run_dir>/data)")
+                        help="folder for train.parquet and val.parquet (default <run_dir>/data; "
+                             "with --sft: sft_*.parquet, default <sft.output_dir>/data)")
+    parser.add_argument("--sft", action="store_true",
+                        help="write the SFT warm start's multi-turn data (verl's SFT trainer)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +41,14 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.verl.data import write_tasks
 
     config = compose_config(args.overrides)
-    out = args.out if args.out is not None else config.run_dir / "data"
-    for path in write_tasks(config, out):
+    if args.sft:
+        from agentrl.verl.sft import sft_paths, write_sft_data
+
+        out = args.out if args.out is not None else sft_paths(config)[0].parent
+        paths = write_sft_data(config, out)
+    else:
+        out = args.out if args.out is not None else config.run_dir / "data"
+        paths = write_tasks(config, out)
+    for path in paths:
         print(f"{path}: {pq.read_metadata(path).num_rows} rows")
     return 0

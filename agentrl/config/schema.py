@@ -34,8 +34,8 @@ from agentrl.agents.config import AgentConfig, agent_presets_from_dict, check_en
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
-    "ModelConfig", "RolloutConfig", "TrainConfig", "TrainGroupsConfig", "TrainerConfig",
-    "ValConfig", "VerlConfig", "build_config",
+    "ModelConfig", "RolloutConfig", "SftConfig", "TrainConfig", "TrainGroupsConfig",
+    "TrainerConfig", "ValConfig", "VerlConfig", "build_config",
 ]
 
 NAME_PATTERN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.-]*")
@@ -407,6 +407,36 @@ class HardwareConfig(Section):
 
 
 @dataclasses.dataclass(frozen=True)
+class SftConfig(Section):
+    """``agentrl sft``: the supervised warm start on oracle play (agentrl/trainers/sft.py)."""
+
+    KEY: ClassVar[str] = "sft"
+    presets: tuple[str, ...] = ()
+    """Agent presets the oracle plays (empty = train.presets); episode i plays presets[i % n]."""
+    episodes: int = setting(64, at_least(1), "an integer >= 1")
+    """Demonstration episodes, each on its own training seed."""
+    epochs: int = setting(3, at_least(1), "an integer >= 1")
+    """Passes over the demonstrations."""
+    lr: float = setting(1e-4, positive, "a number > 0")
+    """AdamW learning rate (constant)."""
+    weight_decay: float = setting(0.0, at_least(0), "a number >= 0")
+    """AdamW weight decay."""
+    grad_clip: float = setting(1.0, positive, "a number > 0")
+    """Gradient-norm clip of each update."""
+    mini_batch_size: int = setting(8, at_least(1), "an integer >= 1")
+    """Episodes per optimizer update (the loss is the token mean over all of them)."""
+    micro_batch_size: int = setting(2, at_least(1), "an integer >= 1")
+    """Episodes per forward/backward pass; gradients add up over a mini-batch exactly."""
+    random_action_share: float = setting(0.0, unit_interval, "a number in [0, 1]")
+    """Share of turns answered with random legal actions (not learned) so the oracle's
+    replanning shows recoveries; local backend only."""
+    evaluate: bool = True
+    """Greedy held-out evaluation (val.presets, val.group_num games) before and after."""
+    output_dir: Path | None = None
+    """Where the checkpoint goes (null = <run_dir>/sft); `agentrl train model=<checkpoint>`."""
+
+
+@dataclasses.dataclass(frozen=True)
 class VerlConfig(Section):
     """The verl backend's cluster, memory and sequence settings (read with ``backend=verl`` only).
 
@@ -496,6 +526,8 @@ class TrainConfig(Section):
     """Which hardware preset composed the run."""
     verl: VerlConfig = dataclasses.field(default_factory=VerlConfig)
     """The verl backend's cluster, memory and sequence settings."""
+    sft: SftConfig = dataclasses.field(default_factory=SftConfig)
+    """``agentrl sft``: the supervised warm start on oracle play."""
     agents: Mapping[str, AgentConfig] | None = None
     """Agent presets by name (``configs/agents.yaml``, composed by base.yaml, so
     ``agents.<preset>.<key>=value`` overrides work); null reads ``agents_file``."""
@@ -509,6 +541,7 @@ class TrainConfig(Section):
             object.__setattr__(self, "agents_file", Path.cwd() / self.agents_file.expanduser())
         self._check_presets()
         self._check_batches()
+        self._check_sft()
         self._check_token_budget()
         if self.backend == "verl":
             self._check_verl()
@@ -552,13 +585,18 @@ class TrainConfig(Section):
             return dict(raw)
         return agent_presets_from_dict(raw, source="agents", check_envs=False)
 
+    @property
+    def sft_presets(self) -> tuple[str, ...]:
+        """The presets the oracle plays for ``agentrl sft`` (``sft.presets`` or train's)."""
+        return self.sft.presets or self.train.presets
+
     def _check_presets(self) -> None:
-        for section in (self.train, self.val):
+        for section in (self.train, self.val, self.sft):
             unknown = [name for name in section.presets if name not in self.agents]
             if unknown:
                 raise ValueError(f"{section.KEY}.presets: unknown agent preset(s) {unknown}; "
                                  f"allowed: {list(self.agents)}")
-        for name in dict.fromkeys(self.train.presets + self.val.presets):
+        for name in dict.fromkeys(self.train.presets + self.val.presets + self.sft.presets):
             check_env_kwargs(self.agents[name], f"agents.{name}")
 
     def _check_batches(self) -> None:
@@ -576,6 +614,15 @@ class TrainConfig(Section):
             raise ValueError(f"actor.micro_batch_size={self.actor.micro_batch_size} is not "
                              f"allowed: it exceeds actor.ppo_mini_batch_size={mini}; allowed: "
                              f"an integer in [1, {mini}]")
+
+    def _check_sft(self) -> None:
+        sft = self.sft
+        if sft.micro_batch_size > sft.mini_batch_size:
+            raise ValueError(f"sft.micro_batch_size={sft.micro_batch_size} is not allowed: it "
+                             f"exceeds sft.mini_batch_size={sft.mini_batch_size}; allowed: an "
+                             f"integer in [1, {sft.mini_batch_size}]")
+        if sft.output_dir is not None:
+            object.__setattr__(sft, "output_dir", Path.cwd() / sft.output_dir.expanduser())
 
     def _check_token_budget(self) -> None:
         budget = self.rollout.max_context_tokens

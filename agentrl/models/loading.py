@@ -27,6 +27,8 @@ Names, tried in this order:
   2 heads of 32 (vLLM's CPU attention needs head_dim >= 32), for verl's trainer on a CPU;
   :func:`save_tiny_model` writes either as an HF folder.
 - an existing local folder (HF layout), or a ``.gguf`` file (converted on every load, no cache).
+  A training checkpoint folder (``<run_dir>/checkpoints/step_N``, or ``agentrl sft``'s) loads
+  the HF model in its ``actor/`` folder (:func:`checkpoint_model_folder`).
 - otherwise a Hugging Face hub id: the local HF cache first, then the network. No network ⇒
   :class:`ModelNotFoundError` listing what was tried, within a few seconds (a reachability probe
   avoids huggingface_hub's ~50 s of retries).
@@ -67,6 +69,7 @@ __all__ = [
     "TINY_VLLM",
     "ModelNotFoundError",
     "cache_root",
+    "checkpoint_model_folder",
     "embedded_gguf_path",
     "end_of_turn_ids",
     "load_model",
@@ -83,6 +86,8 @@ CACHE_FORMAT = 1
 """Bump when the converted folder's layout or fix-ups change: old caches are then rebuilt."""
 SOURCE_FILE = "source.json"
 HUB_PROBE_TIMEOUT_S = 3.0
+CHECKPOINT_MODEL = "actor"
+"""The model's folder inside a training checkpoint (``agentrl.trainers.checkpoint``)."""
 
 
 @dataclass(frozen=True)
@@ -205,7 +210,7 @@ def _pretrained(name: str, dtype: torch.dtype | None, tokenizer_only: bool = Fal
     """A local folder, a local .gguf file, or a hub id (HF cache first, then the network)."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    path = Path(name).expanduser()
+    path = checkpoint_model_folder(Path(name).expanduser())
     if path.is_file() and path.suffix == ".gguf":
         return _from_gguf(path, tokenizer_only)
     if path.is_dir():
@@ -240,6 +245,17 @@ def _pretrained(name: str, dtype: torch.dtype | None, tokenizer_only: bool = Fal
         return fetch()
     except (OSError, ValueError) as error:
         raise _not_found(name, tried + [f"the hub at {endpoint}: {_first_line(error)}"]) from error
+
+
+def checkpoint_model_folder(path: Path) -> Path:
+    """A training checkpoint folder (``agentrl.trainers.checkpoint``: ``actor/`` holds the HF
+    model) -> its ``actor/``; any other path as it is. So ``model=<checkpoint>`` starts from
+    the weights an ``agentrl sft`` or PPO run saved (a PPO run with LoRA saves only the
+    adapter: that folder has no model config and fails to load, naming the folder)."""
+    actor = path / CHECKPOINT_MODEL
+    if path.is_dir() and not (path / "config.json").exists() and (actor / "config.json").exists():
+        return actor
+    return path
 
 
 def _not_found(name: str, tried: list[str]) -> ModelNotFoundError:

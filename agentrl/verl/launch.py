@@ -118,12 +118,14 @@ def _platform_overrides(config: TrainConfig) -> list[str]:
 
 
 def model_path(config: TrainConfig) -> str:
-    """Where verl's workers load the model: a local folder (absolute: workers have other cwds),
+    """Where verl's workers load the model: a local folder or checkpoint (absolute: workers have other cwds),
     the folder ``tiny-vllm`` is written to at launch, or a hub id."""
     from agentrl.models.loading import TINY_MODELS, cache_root
 
+    from agentrl.models.loading import checkpoint_model_folder
+
     name = config.model.name
-    folder = Path(name).expanduser()
+    folder = checkpoint_model_folder(Path(name).expanduser())  # an SFT checkpoint: its actor/
     if folder.is_dir():
         return str(folder.resolve())
     if name in TINY_MODELS:

@@ -1,0 +1,153 @@
+"""Demonstrations for a supervised warm start: the oracle plays through the RL episode code.
+
+    trajectories = await play_demonstrations(presets, tokenizer, seeds, max_context_tokens=2048,
+                                             max_new_tokens=128, random_action_share=0.2, seed=0)
+    messages = demonstration_messages(config, seed)   # the same play as a chat (verl's SFT data)
+
+**Same ids as RL.** A demonstration is a :func:`run_episode` call whose ``llm`` is a
+:class:`ScriptedReplies`: on each turn it writes the game's oracle reply
+(``Agent.oracle_response()``: the next actions of the oracle's plan, in the preset's answer
+format, with a short templated reason when the preset thinks), tokenized by the model's own
+tokenizer and closed by the chat template's end-of-turn token, as a model that stops would
+close it. Everything else (chat template, observation suffixes, masks, context window, reply
+limit) is the rollout's, so SFT trains on exactly the token layout PPO later samples from.
+
+**Recoveries.** With ``random_action_share`` > 0 each turn is, with that probability, a random
+legal reply instead (``Agent.random_response``). The game moves off the oracle's path and the
+oracle replans from the new state on the next turn, so the demonstrations show recoveries.
+A random turn stays in the episode (the model sees it in its context) but is not learned: its
+``response_mask`` is set to 0. An episode with a random turn that ends unsolved is dropped
+(a random move can make a game unsolvable, and the oracle's later replies are then a fallback
+move, not a solution); pure oracle episodes are always kept.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import random
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from agentrl.agents import Agent, AgentConfig
+from agentrl.models.templates import end_of_turn_ids
+from agentrl.rollout.episode import ChatSuffix, run_episode
+from agentrl.rollout.records import Trajectory
+
+__all__ = ["DEMO_SEED_OFFSET", "ScriptedReplies", "choose_reply", "demonstration_messages",
+           "demonstration_seeds", "play_demonstrations"]
+
+DEMO_SEED_OFFSET = 500_000
+"""Demonstrations play training seeds from here on: the upper half of the training range, away
+from the seeds PPO's first steps play (``train_seeds`` starts at ``seed * 100_003``)."""
+
+
+def demonstration_seeds(count: int) -> list[int]:
+    """The training seeds of ``count`` demonstrations (the same for both backends)."""
+    from agentrl.envs.splits import split_seeds
+
+    return split_seeds("train", count, DEMO_SEED_OFFSET)
+
+
+def choose_reply(agent: Agent, rng: random.Random, random_action_share: float) -> tuple[str, bool]:
+    """This turn's demonstration reply and whether it is a random one (not to be learned)."""
+    if random_action_share > 0 and rng.random() < random_action_share:
+        return agent.random_response(rng), True
+    return agent.oracle_response(), False
+
+
+class ScriptedReplies:
+    """An ``llm`` for :func:`run_episode` that answers with :func:`choose_reply`'s text.
+
+    One per episode (it reads its agent's game state). ``random_turns`` records, per turn,
+    whether the reply was a random one. Log-probs are 0.0: nothing sampled them.
+    """
+
+    def __init__(self, agent: Agent, tokenizer: Any, rng: random.Random,
+                 random_action_share: float = 0.0):
+        self.agent = agent
+        self.tokenizer = tokenizer
+        self.rng = rng
+        self.random_action_share = random_action_share
+        self.end_of_turn_id = end_of_turn_ids(tokenizer)[0]
+        self.random_turns: list[bool] = []
+
+    async def generate(self, prompt_ids: Sequence[int], sampling: Any
+                       ) -> tuple[list[int], list[float]]:
+        text, is_random = choose_reply(self.agent, self.rng, self.random_action_share)
+        self.random_turns.append(is_random)
+        ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.end_of_turn_id]
+        ids = ids[: sampling.max_new_tokens]  # a reply over the limit is cut, as a model's is
+        return ids, [0.0] * len(ids)
+
+
+def unlearned_turns(trajectory: Trajectory, turns: Sequence[bool]) -> Trajectory:
+    """``trajectory`` with ``response_mask`` 0 on the replies of the turns flagged in ``turns``."""
+    mask = list(trajectory.response_mask)
+    for flagged, end, turn in zip(turns, trajectory.turn_end_positions, trajectory.turns):
+        if flagged:
+            start = end - len(turn.response_ids) + 1
+            mask[start:end + 1] = [0] * (end + 1 - start)
+    return dataclasses.replace(trajectory, response_mask=mask)
+
+
+async def play_demonstrations(
+    presets: Sequence[tuple[str, AgentConfig]],
+    tokenizer: Any,
+    seeds: Sequence[int],
+    *,
+    max_context_tokens: int,
+    max_new_tokens: int,
+    random_action_share: float = 0.0,
+    seed: int = 0,
+    on_episode_done: Callable[[Trajectory], None] | None = None,
+) -> list[Trajectory]:
+    """One demonstration per seed: episode ``i`` plays ``presets[i % len(presets)]`` on
+    ``seeds[i]``. Returns the kept trajectories (see the module docstring), in seed order."""
+    if not presets:
+        raise ValueError("no presets given")
+    if not 0 <= random_action_share <= 1:
+        raise ValueError(f"random_action_share must be in [0, 1], got {random_action_share}")
+    from agentrl.engines import SamplingParams
+
+    sampling = SamplingParams(greedy=True, max_new_tokens=max_new_tokens)
+    suffix = ChatSuffix(tokenizer)
+    agents = {name: Agent(config) for name, config in presets}
+    kept = []
+    try:
+        for index, game_seed in enumerate(seeds):
+            name, _ = presets[index % len(presets)]
+            agent = agents[name]
+            llm = ScriptedReplies(agent, tokenizer, random.Random(seed * 1_000_003 + game_seed),
+                                  random_action_share)
+            trajectory = await run_episode(agent, int(game_seed), llm, tokenizer, sampling,
+                                           max_context_tokens=max_context_tokens,
+                                           group_index=index, preset=name, suffix=suffix)
+            if on_episode_done is not None:
+                on_episode_done(trajectory)
+            if any(llm.random_turns):
+                if not trajectory.success:
+                    continue
+                trajectory = unlearned_turns(trajectory, llm.random_turns)
+            if any(trajectory.response_mask):  # else every reply was a random one
+                kept.append(trajectory)
+    finally:
+        for agent in agents.values():
+            agent.close()
+    return kept
+
+
+def demonstration_messages(config: AgentConfig, seed: int, *, random_action_share: float = 0.0,
+                           rng_seed: int = 0) -> tuple[list[dict], bool]:
+    """The demonstration of ``seed`` as chat messages (system, user, assistant, user, ...,
+    assistant: the last reply ends it) and whether it used a random turn; the text of the
+    episode :func:`play_demonstrations` plays with the same settings."""
+    rng = random.Random(rng_seed * 1_000_003 + seed)
+    with Agent(config) as agent:
+        messages = agent.reset(seed=seed)
+        used_random = False
+        while not agent.done:
+            text, is_random = choose_reply(agent, rng, random_action_share)
+            used_random = used_random or is_random
+            messages.append({"role": "assistant", "content": text})
+            messages += agent.step(text).messages
+        return messages, used_random

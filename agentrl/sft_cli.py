@@ -1,0 +1,69 @@
+"""`agentrl sft [key=value ...]`: supervised warm start on the oracle's play, before PPO.
+
+    agentrl sft model=embedded 'sft.presets=[quickSokobanAgent]' 'val.presets=[quickSokobanAgent]'
+    agentrl sft model=tiny sft.episodes=8 sft.epochs=2 lora.rank=8 sft.lr=1e-3
+    agentrl sft sft.random_action_share=0.2         # also show recoveries from random moves
+    agentrl train model=<the checkpoint it prints>  # PPO starts from the warm-started model
+    agentrl sft --dry-run backend=verl hardware=a100 model=qwen_halfb   # verl's SFT, validated
+
+The oracle plays `sft.episodes` games of `sft.presets` (default train.presets) through the same
+agent and rollout code as PPO's episodes; the model learns its replies (cross-entropy on the
+reply tokens only), held-out greedy success is measured before and after (val.presets,
+val.group_num games), and a checkpoint is written under `sft.output_dir` (default
+<run_dir>/sft) that `agentrl train model=...` and `agentrl eval --model ...` load. Keys and
+defaults: the `sft` section of configs/base.yaml (LoRA: the `lora` section); algorithm and
+layout: agentrl/trainers/sft.py.
+
+`backend=verl` runs verl's own SFT trainer (`torchrun -m verl.trainer.sft_trainer`) on the
+multi-turn parquet that `agentrl make-data --sft` writes; `--dry-run` prints that command and
+verl's composed SFT config, checked by verl's config classes, without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+
+import yaml
+
+from agentrl.config import compose_config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="hydra overrides of configs/base.yaml (e.g. sft.episodes=32)")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved, validated config and exit")
+    parser.add_argument("--dry-run", action="store_true",
+                        help="backend=verl: print verl's SFT config and command, validated by "
+                             "verl, and exit (no GPU); local: as --print-config")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = compose_config(args.overrides)
+    if args.print_config or (args.dry_run and config.backend == "local"):
+        print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+        return 0
+    if config.backend == "verl":
+        from agentrl.verl.sft import launch_sft
+
+        return launch_sft(config, dry_run=args.dry_run)
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    from agentrl.trainers.sft import SFTTrainer
+
+    trainer = SFTTrainer(config)
+    try:
+        result = trainer.fit()
+    finally:
+        trainer.close()
+    print(f"\nSFT: {result.demonstrations} demonstrations, {result.tokens} reply tokens, "
+          f"{result.updates} updates in {result.seconds['train']:.0f} s; loss "
+          f"{result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
+    for label, evaluation in (("before", result.before), ("after", result.after)):
+        if evaluation is not None:
+            rates = ", ".join(f"{preset} {100 * evaluation.preset_metrics(preset)['success']:.1f}%"
+                              for preset in evaluation.presets)
+            print(f"  held-out greedy success {label}: {rates}")
+    print(f"  checkpoint: {result.checkpoint}")
+    print(f"  next: agentrl train model={result.checkpoint}")
+    return 0

@@ -1,0 +1,288 @@
+"""Supervised warm start (SFT) on oracle play: cross-entropy on the replies of RL-layout episodes.
+
+    agentrl sft model=embedded 'sft.presets=[quickSokobanAgent]' sft.episodes=64
+    agentrl train model=runs/agentrl/quick/sft/checkpoints/step_000024   # PPO starts from it
+
+    from agentrl.trainers.sft import SFTTrainer
+    trainer = SFTTrainer(config)
+    try:
+        result = trainer.fit()     # evaluate, play demonstrations, train, evaluate, save
+    finally:
+        trainer.close()
+
+Stages of :meth:`SFTTrainer.fit`:
+
+1. ``evaluate`` (``sft.evaluate``): greedy episodes of ``val.presets`` on ``val.group_num``
+   held-out seeds, through :func:`agentrl.evaluation.evaluate` (the numbers PPO's validation
+   and ``agentrl eval`` report).
+2. ``demonstrations``: ``sft.episodes`` oracle episodes of ``sft.presets`` (default
+   ``train.presets``) on training seeds from ``DEMO_SEED_OFFSET`` on, played through the RL
+   rollout (:mod:`agentrl.rollout.demonstrations`), so ids, chat template and masks are those
+   PPO samples; ``sft.random_action_share`` mixes in random turns that show recoveries.
+3. ``train``: ``sft.epochs`` passes over shuffled mini-batches of ``sft.mini_batch_size``
+   episodes. The loss of a mini-batch is the mean negative log-likelihood over every reply
+   token in it (:func:`loss_mask`: ``response_mask``, 1 on the model's own tokens, the closing
+   end-of-turn token included); each micro-batch of ``sft.micro_batch_size`` episodes adds its
+   token sum divided by the mini-batch's token count, so accumulation is exact (the gradient
+   does not depend on the micro-batch size). AdamW at a constant ``sft.lr``, grad-norm clip,
+   a tqdm bar with the loss. Full fine-tuning, or LoRA adapters (the ``lora`` section, as PPO).
+4. ``evaluate`` again, then ``save``: a checkpoint in :mod:`agentrl.trainers.checkpoint`'s
+   format under ``sft.output_dir`` (default ``<run_dir>/sft``) whose ``actor/`` folder is a
+   plain HF model and tokenizer (LoRA adapters are merged into the weights first), so
+   ``agentrl train model=<checkpoint>`` and ``agentrl eval --model <checkpoint>`` start from
+   it (:func:`agentrl.models.load_model` reads a checkpoint folder's ``actor/``). A
+   ``sft_summary.json`` beside the checkpoints holds the counts, timings and both evaluations.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import random
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.evaluation import EvalResult, evaluate
+from agentrl.models import load_model
+from agentrl.rollout import to_batch
+from agentrl.rollout.demonstrations import (
+    DEMO_SEED_OFFSET, demonstration_seeds, play_demonstrations,
+)
+from agentrl.rollout.records import Trajectory
+from agentrl.trainers.checkpoint import save_checkpoint
+from agentrl.trainers.local import _device
+from agentrl.trainers.microbatch import micro_rows
+from agentrl.trainers.policy import backbone_of
+
+__all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients", "loss_mask",
+           "masked_logprobs"]
+
+log = logging.getLogger("agentrl.sft")
+
+SUMMARY_FILE = "sft_summary.json"
+
+
+def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Which response tokens the cross-entropy reads: the model's own (``response_mask``)."""
+    return batch["response_mask"]
+
+
+def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch.Tensor,
+                         micro_batch_size: int) -> float:
+    """Backward the token-mean NLL of ``batch[rows]`` micro-batch by micro-batch; returns it.
+
+    Each micro-batch contributes ``sum(-logprob * mask) / tokens`` with ``tokens`` counted over
+    all of ``rows``, so the summed gradients are those of the whole mini-batch at once.
+    """
+    tokens = float(loss_mask(batch)[rows].sum())
+    if tokens == 0:
+        return 0.0
+    total = 0.0
+    for start in range(0, len(rows), micro_batch_size):
+        micro = micro_rows(batch, rows[start:start + micro_batch_size])
+        loss = -masked_logprobs(model, micro, loss_mask(micro)).sum() / tokens
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
+def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor
+                    ) -> torch.Tensor:
+    """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``.
+
+    As :func:`agentrl.trainers.policy.response_logprobs` (response token ``i`` is predicted at
+    position ``P - 1 + i``), but the LM head runs only at the masked positions: observations
+    are most of a multi-turn response, and their logits (vocabulary-wide) would be thrown away.
+    """
+    device = next(model.parameters()).device
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask",
+                                                     "position_ids")}
+    hidden = backbone_of(model)(**inputs, use_cache=False).last_hidden_state
+    responses = batch["responses"].to(device)
+    rows, columns = mask.to(device).nonzero(as_tuple=True)
+    before = hidden[:, -responses.shape[1] - 1:-1][rows, columns]
+    logits = model.get_output_embeddings()(before).float()
+    chosen = logits.gather(-1, responses[rows, columns].unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
+
+
+@dataclass(frozen=True)
+class SftResult:
+    """What a warm start did and where it left the model."""
+
+    checkpoint: Path
+    """The checkpoint folder: ``agentrl train model=<checkpoint>`` starts from it."""
+    demonstrations: int
+    """Episodes trained on (after dropping unsolved ones that had random turns)."""
+    tokens: int
+    """Reply tokens per epoch (the loss's tokens)."""
+    updates: int
+    seconds: dict[str, float]
+    """Wall time per stage: evaluate_before, demonstrations, train, evaluate_after, save."""
+    losses: list[float] = field(default_factory=list)
+    """Mean loss of each update, in order."""
+    before: EvalResult | None = None
+    after: EvalResult | None = None
+
+    def summary(self) -> dict[str, Any]:
+        """JSON-able: counts, timings, losses by epoch edge, per-preset evaluations."""
+        return {
+            "checkpoint": str(self.checkpoint),
+            "demonstrations": self.demonstrations,
+            "tokens_per_epoch": self.tokens,
+            "updates": self.updates,
+            "seconds": self.seconds,
+            "first_loss": self.losses[0] if self.losses else None,
+            "last_loss": self.losses[-1] if self.losses else None,
+            "before": self.before.to_dict() if self.before else None,
+            "after": self.after.to_dict() if self.after else None,
+        }
+
+
+class SFTTrainer:
+    """The model (optionally with LoRA), its optimizer and the stages of the module docstring."""
+
+    def __init__(self, config: Any):
+        self.config = config
+        random.seed(config.seed)
+        np.random.seed(config.seed % 2**32)
+        torch.manual_seed(config.seed)
+        if config.threads > 0:
+            torch.set_num_threads(config.threads)
+        self.device = _device(config.device)
+        self.model, self.tokenizer = load_model(config.model.name, device=self.device,
+                                                dtype=config.model.dtype,
+                                                chat_template=config.model.chat_template)
+        if config.model.gradient_checkpointing:
+            self.model.gradient_checkpointing_enable()
+        if config.lora.rank > 0:
+            from peft import LoraConfig, get_peft_model
+
+            self.model = get_peft_model(self.model, LoraConfig(
+                r=config.lora.rank, lora_alpha=config.lora.alpha,
+                lora_dropout=config.lora.dropout, target_modules=list(config.lora.target_modules),
+                task_type="CAUSAL_LM"))
+        self.model.eval()  # no dropout: the loss is that of the model PPO will sample from
+        self.params = [p for p in self.model.parameters() if p.requires_grad]
+        # fused: one kernel for all parameters (~6x faster steps on CPU than the per-tensor loop)
+        self.optim = torch.optim.AdamW(self.params, lr=config.sft.lr,
+                                       weight_decay=config.sft.weight_decay, fused=True)
+        self.pad_token_id = (self.tokenizer.pad_token_id if self.tokenizer.pad_token_id
+                             is not None else self.tokenizer.eos_token_id)
+        r = config.rollout
+        self.llm = BatchingLLM(self.model, self.tokenizer, max_batch=r.max_batch,
+                               max_wait_ms=r.max_wait_ms, device=self.device, seed=config.seed,
+                               prefix_cache_tokens=r.prefix_cache_tokens)
+        self.loop = asyncio.new_event_loop()
+        val_tokens = config.val.max_new_tokens or r.max_new_tokens
+        self.val_presets = dict(config.playing_presets(config.val.presets, val_tokens))
+        self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens)
+        self.output_dir = Path(config.sft.output_dir or Path(config.run_dir) / "sft")
+
+    # -- stages ------------------------------------------------------------------------------------
+    def evaluate(self, label: str) -> EvalResult:
+        """Greedy held-out episodes of ``val.presets`` (see :func:`agentrl.evaluation.evaluate`)."""
+        self.llm.clear_prefix_cache()  # stored keys/values are of the weights before training
+        v = self.config.val
+        return self.loop.run_until_complete(evaluate(
+            self.val_presets, self.llm, groups=v.group_num, group_size=v.group_size,
+            split="val", tokenizer=self.tokenizer, sampling=self.val_sampling,
+            max_context_tokens=self.config.rollout.max_context_tokens, label=label))
+
+    def demonstrations(self) -> list[Trajectory]:
+        """The oracle's episodes of the SFT presets, in the RL token layout."""
+        config, sft = self.config, self.config.sft
+        presets = config.playing_presets(config.sft_presets, config.rollout.max_new_tokens)
+        seeds = demonstration_seeds(sft.episodes)
+        with tqdm(total=len(seeds), desc="oracle demonstrations", unit="ep") as bar:
+            kept = self.loop.run_until_complete(play_demonstrations(
+                presets, self.tokenizer, seeds,
+                max_context_tokens=config.rollout.max_context_tokens,
+                max_new_tokens=config.rollout.max_new_tokens,
+                random_action_share=sft.random_action_share, seed=config.seed,
+                on_episode_done=lambda _: bar.update(1)))
+        if not kept:
+            raise ValueError(f"no demonstration was kept of sft.episodes={sft.episodes}: every "
+                             "episode had a random turn and ended unsolved; lower "
+                             "sft.random_action_share")
+        return kept
+
+    def train(self, trajectories: list[Trajectory]) -> list[float]:
+        """``sft.epochs`` passes of shuffled mini-batches; returns each update's loss."""
+        sft = self.config.sft
+        batch = to_batch(trajectories, self.pad_token_id)
+        n = len(trajectories)
+        generator = torch.Generator().manual_seed(self.config.seed)
+        losses: list[float] = []
+        total = sft.epochs * math.ceil(n / sft.mini_batch_size)
+        with tqdm(total=total, desc="sft", unit="update") as bar:
+            for _ in range(sft.epochs):
+                order = torch.randperm(n, generator=generator)
+                for start in range(0, n, sft.mini_batch_size):
+                    self.optim.zero_grad(set_to_none=True)
+                    loss = accumulate_gradients(self.model, batch,
+                                                order[start:start + sft.mini_batch_size],
+                                                sft.micro_batch_size)
+                    norm = torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip)
+                    if math.isfinite(loss) and torch.isfinite(norm):
+                        self.optim.step()
+                    else:
+                        log.warning("non-finite SFT loss or gradient: update skipped")
+                    losses.append(loss)
+                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                    bar.update(1)
+        self.llm.clear_prefix_cache()
+        return losses
+
+    def save(self, updates: int) -> Path:
+        """The checkpoint (LoRA merged into the weights: a plain HF model in ``actor/``)."""
+        model = self.model
+        if hasattr(model, "merge_and_unload"):
+            model = model.merge_and_unload()
+        return save_checkpoint(self.output_dir, updates, models={"actor": (model, self.tokenizer)},
+                               config=self.config.to_dict(), keep_last=1)
+
+    # -- the run -----------------------------------------------------------------------------------
+    def fit(self) -> SftResult:
+        """Evaluate, play, train, evaluate, save (see the module docstring)."""
+        seconds: dict[str, float] = {}
+        clock = time.perf_counter()
+
+        def lap(name: str) -> None:
+            nonlocal clock
+            now = time.perf_counter()
+            seconds[name] = now - clock
+            clock = now
+
+        evaluating = self.config.sft.evaluate
+        before = self.evaluate("before SFT") if evaluating else None
+        lap("evaluate_before")
+        demos = self.demonstrations()
+        lap("demonstrations")
+        losses = self.train(demos)
+        lap("train")
+        after = self.evaluate("after SFT") if evaluating else None
+        lap("evaluate_after")
+        checkpoint = self.save(len(losses))
+        lap("save")
+        result = SftResult(checkpoint=checkpoint, demonstrations=len(demos),
+                           tokens=int(sum(sum(t.response_mask) for t in demos)),
+                           updates=len(losses), seconds=seconds, losses=losses,
+                           before=before, after=after)
+        (self.output_dir / SUMMARY_FILE).write_text(json.dumps(result.summary(), indent=1))
+        return result
+
+    def close(self) -> None:
+        """Stop the generation worker, then the event loop."""
+        if not self.loop.is_closed():
+            self.loop.run_until_complete(self.llm.aclose())
+            self.loop.close()
