@@ -118,8 +118,9 @@ class GenerationStats:
     prefill_seconds: float = 0.0
     """The part of generation_seconds spent on the prompts' forward pass."""
     constraint_seconds: float = 0.0
-    """The part of generation_seconds spent building and applying constrained rows' token
-    masks (:mod:`agentrl.engines.constrained`)."""
+    """The part of generation_seconds spent on constrained rows' token masks: building and
+    applying them, and moving each row's grammar past its token
+    (:mod:`agentrl.engines.constrained`)."""
     max_batch_size: int = 0
 
     @property
@@ -380,8 +381,10 @@ class BatchingLLM:
                 ids.append(token)
                 lps.append(logprob)
                 if masks is not None and masks[batch_row] is not None:
+                    advance_start = time.perf_counter()
                     token_masks[row].append(masks[batch_row])
                     constraints[row].advance(token)
+                    constraint_seconds += time.perf_counter() - advance_start
                 if token not in stops[row] and len(ids) < limits[row]:
                     keep.append(batch_row)
                 else:
