@@ -270,6 +270,8 @@ class BabyAIEnv(TextGameEnv):
         self.world = make_level(self.level, self.room_size, self.distractors)
         self.game_seed: int | None = None
         self._feedback = ""
+        self._taken: list[str] = []  # the actions run this episode (valid ones)
+        self._plan: tuple[int, list[str]] | None = None  # (len(_taken) then, the bot's plan)
 
     # -- game hooks ------------------------------------------------------------------------------
     def _new_game(self) -> None:
@@ -278,6 +280,7 @@ class BabyAIEnv(TextGameEnv):
         with contextlib.redirect_stdout(io.StringIO()):  # BabyAI prints each rejected room
             self.world.reset(seed=self.game_seed)
         self._feedback = ""
+        self._taken, self._plan = [], None
 
     def _step(self, action: str) -> Transition:
         index = _ACTION_INDEX.get(action)
@@ -285,6 +288,7 @@ class BabyAIEnv(TextGameEnv):
             self._feedback = INVALID_FEEDBACK
             return Transition(reward=0.0, valid=False, effective=False)
         self._feedback = ""
+        self._taken.append(action)
         before = self._signature()
         _, reward, terminated, _, _ = self.world.step(index)  # minigrid's own time limit unused
         success = bool(terminated and reward > 0)
@@ -303,10 +307,21 @@ class BabyAIEnv(TextGameEnv):
         return [] if self.done else list(ACTIONS)
 
     def oracle_plan(self) -> list[str] | None:
-        """The BabyAI bot's actions from here to the mission's end (None if it cannot)."""
+        """The BabyAI bot's actions from here to the mission's end (None if it cannot).
+
+        The plan is kept while the episode follows it: a bot started afresh in the middle of
+        an exploration may turn back and forth where the first one would have gone on.
+        """
         if self.success:
             return []
-        return bot_plan(self.world, limit=max(1, self.max_steps - self.num_steps))
+        if self._plan is not None:
+            start, plan = self._plan
+            done = self._taken[start:]
+            if done == plan[: len(done)] and len(done) < len(plan):
+                return plan[len(done):]
+        plan = bot_plan(self.world, limit=max(1, self.max_steps - self.num_steps))
+        self._plan = None if plan is None else (len(self._taken), plan)
+        return plan
 
     @property
     def mission(self) -> str:
