@@ -8,6 +8,7 @@ env (each env gets its own game object in it), started on the first reset.
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import threading
 from collections import deque
@@ -43,6 +44,8 @@ FOLDS = {"train": "train", "val": "dev", "test": "test"}
 """Our seed split -> the package's game fold: held-out seeds play games training never sees."""
 
 INVALID_FEEDBACK = "That is not something you can do here."
+PARAMS_FORMAT = re.compile(r"(?:[A-Za-z]+=[0-9]+(?:,[A-Za-z]+=[0-9]+)*)?")
+"""``key=integer`` pairs joined by commas (the package ignores values it cannot read)."""
 DIRECTIONS = ("north", "east", "south", "west")
 COIN_ACTION = "take coin"
 MAX_ROOMS = 32
@@ -154,9 +157,10 @@ class TextWorldExpressEnv(TextGameEnv):
         if settings["game_name"] not in GAME_NAMES:
             raise ValueError(f"TextWorldExpress: game_name must be one of {list(GAME_NAMES)}, "
                              f"got {settings['game_name']!r}")
-        if not isinstance(settings["params"], str):
-            raise ValueError(f"TextWorldExpress: params must be a string like "
-                             f"'numLocations=5,includeDoors=0', got {settings['params']!r}")
+        if not (isinstance(settings["params"], str) and PARAMS_FORMAT.fullmatch(settings["params"])):
+            raise ValueError(f"TextWorldExpress: params must be key=integer pairs joined by "
+                             f"commas, like 'numLocations=5,includeDoors=0'; got "
+                             f"{settings['params']!r}")
         if not isinstance(show_admissible, bool):
             raise ValueError(f"TextWorldExpress: show_admissible must be True or False, "
                              f"got {show_admissible!r}")
@@ -172,7 +176,8 @@ class TextWorldExpressEnv(TextGameEnv):
         self._feedback = ""
         self._task = ""
         self._gold: list[str] = []
-        self._history: list[str] = []
+        self._history: list[str] = []  # the valid commands run this episode
+        self._gold_next: int | None = 0  # the gold path's next command; None once left
         self._scratch = None  # a second game object the coin oracle replays in
         self._fold = "train"
 
@@ -190,7 +195,7 @@ class TextWorldExpressEnv(TextGameEnv):
         state = orjson.loads(self._server.generateNewGameJSON(self.game_seed, fold, True))
         self._task = str(self._server.getTaskDescription())
         self._gold = [str(action) for action in self._server.getGoldActionSequence()]
-        self._history = []
+        self._history, self._gold_next = [], 0
         self._set_state(state)
 
     def _start(self) -> None:
@@ -214,6 +219,7 @@ class TextWorldExpressEnv(TextGameEnv):
         import orjson
 
         command = self._commands.get(action)
+        self._follow_gold(action, valid=command is not None)
         if command is None:
             self._feedback = INVALID_FEEDBACK
             return Transition(reward=0.0, valid=False, effective=False)
@@ -226,6 +232,19 @@ class TextWorldExpressEnv(TextGameEnv):
         return Transition(reward=reward, valid=True, effective=effective,
                           terminated=self._over(), success=bool(after["tasksuccess"]))
 
+    def _follow_gold(self, action: str, valid: bool) -> None:
+        """Advance along the gold path. Its next command counts as done even when it is not
+        admissible: the path has a few no-ops (opening what is open) the game would answer
+        with a message only. Another valid command leaves the path; other invalid text, which
+        changes nothing, does not."""
+        if self._gold_next is None:
+            return
+        if (self._gold_next < len(self._gold)
+                and action == normalize_action(self._gold[self._gold_next])):
+            self._gold_next += 1
+        elif valid:
+            self._gold_next = None
+
     def _over(self) -> bool:
         return bool(self._state["tasksuccess"] or self._state["taskfailure"])
 
@@ -234,8 +253,8 @@ class TextWorldExpressEnv(TextGameEnv):
         return sorted(self._commands.values())
 
     def oracle_plan(self) -> list[str] | None:
-        """CookingWorld, Commonsense: the rest of the gold action sequence, if every command so
-        far followed it. CoinCollector: the fewest rooms to the coin from here (the package's
+        """CookingWorld, Commonsense: the rest of the gold action sequence while the episode
+        follows it (``_follow_gold``). CoinCollector: the fewest rooms to the coin from here (the package's
         gold path there is a random walk that changes from call to call)."""
         if self._state["tasksuccess"]:
             return []
@@ -243,9 +262,9 @@ class TextWorldExpressEnv(TextGameEnv):
             return None
         if self.game_name == "coin":
             return self._coin_plan()
-        if self._history != self._gold[: len(self._history)]:
+        if self._gold_next is None:
             return None
-        return self._gold[len(self._history):] or None
+        return self._gold[self._gold_next:] or None
 
     def _coin_plan(self) -> list[str] | None:
         """Breadth-first over rooms, each reached by replaying commands in a scratch game
