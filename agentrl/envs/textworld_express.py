@@ -90,10 +90,17 @@ def new_game_server():
     return holder._gateway.jvm.textworldexpress.runtime.PythonInterface()
 
 
-def game_seed(env_seed: int, fold_seeds: list[int]) -> int:
-    """The package seed ``reset(seed=env_seed)`` plays: the env seed's place in its split,
-    wrapped onto the fold's games (1,000 per fold)."""
-    offset = env_seed - SEED_RANGES[split_of(env_seed)].start
+def split_and_offset(env_seed: int) -> tuple[str, int]:
+    """The env seed's split and its place in it; a seed outside every split range (any
+    Gymnasium seed is allowed) counts as a training seed at offset ``env_seed``."""
+    if not any(env_seed in seeds for seeds in SEED_RANGES.values()):
+        return "train", env_seed
+    split = split_of(env_seed)
+    return split, env_seed - SEED_RANGES[split].start
+
+
+def game_seed(offset: int, fold_seeds: list[int]) -> int:
+    """The package seed at ``offset`` into a split, wrapped onto its fold's games (1,000)."""
     return fold_seeds[offset % len(fold_seeds)]
 
 
@@ -118,7 +125,8 @@ class TextWorldExpressEnv(TextGameEnv):
     train, val -> dev, test -> test; the seed's offset in its split, modulo the fold's size,
     picks one of the fold's game seeds (``game_seed``). Held-out seeds thus play games of folds
     training never sees (CookingWorld and TextWorld Commonsense also keep objects apart by
-    fold). A reset without a seed draws one from ``np_random`` within the train split.
+    fold). A reset without a seed draws one from ``np_random`` within the train split; a seed
+    outside every split range plays the train fold too.
 
     ## Rewards
     The increase of the game's score: 1 in all for CoinCollector, a fraction per step of the
@@ -190,8 +198,9 @@ class TextWorldExpressEnv(TextGameEnv):
         seed = self.episode_seed
         if seed is None:
             seed = int(self.np_random.integers(len(SEED_RANGES["train"])))
-        self._fold = fold = FOLDS[split_of(seed)]
-        self.game_seed = game_seed(seed, self._fold_seeds[fold])
+        split, offset = split_and_offset(seed)
+        self._fold = fold = FOLDS[split]
+        self.game_seed = game_seed(offset, self._fold_seeds[fold])
         state = orjson.loads(self._server.generateNewGameJSON(self.game_seed, fold, True))
         self._task = str(self._server.getTaskDescription())
         self._gold = [str(action) for action in self._server.getGoldActionSequence()]

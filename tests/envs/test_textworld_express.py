@@ -33,6 +33,13 @@ def test_each_split_plays_its_own_fold(split, fold_start):
     env.close()
 
 
+def test_a_seed_outside_the_splits_plays_the_train_fold():
+    env = make(preset="coin")
+    env.reset(seed=913_350_807)
+    assert env.unwrapped.game_seed == 807
+    env.close()
+
+
 def test_observation_admissible_commands_and_score():
     env = make(preset="twc")
     obs, _ = env.reset(seed=split_seeds("val", 1)[0])
