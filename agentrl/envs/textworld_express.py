@@ -7,6 +7,7 @@ env (each env gets its own game object in it), started on the first reset.
 
 from __future__ import annotations
 
+import atexit
 import os
 import re
 import shutil
@@ -80,7 +81,14 @@ def _gateway(pid: int):
     except ImportError as error:
         raise ImportError("TextWorldExpressEnv needs textworld-express: "
                           "pip install textworld-express==1.1.0") from error
-    return PackageEnv()
+
+    class JavaProcess(PackageEnv):
+        def __del__(self):
+            pass  # closed by atexit instead: at interpreter teardown py4j's logging is gone
+
+    holder = JavaProcess()
+    atexit.register(holder.close)
+    return holder
 
 
 def new_game_server():
