@@ -35,7 +35,7 @@ FIXED_KEYS = ("game", "env_kwargs", "held_out_of")
 COMPARE_COLUMNS: tuple[tuple[str, str, str], ...] = (
     ("success", "success %", "{:.1f}"),
     ("return", "mean return", "{:+.3f}"),
-    ("response_length", "reply tokens", "{:.1f}"),
+    ("response_length", "reply tokens / episode", "{:.1f}"),
     ("seconds_per_episode", "s / episode", "{:.2f}"),
 )
 """(row key, column heading, cell format); success is shown in percent."""

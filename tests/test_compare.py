@@ -57,7 +57,7 @@ def test_model_variants_play_the_same_seeds_into_one_table_and_a_plot(
                for r in data["comparison"])
     assert (tmp_path / "compare.png").stat().st_size > 1000
     printed = capsys.readouterr().out
-    assert "reply tokens" in printed and "s / episode" in printed
+    assert "reply tokens / episode" in printed and "s / episode" in printed
 
 
 def test_a_bad_variant_fails_before_playing(capsys, tmp_path):
