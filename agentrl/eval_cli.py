@@ -6,6 +6,7 @@
     agentrl eval --model RUN_DIR --presets simpleSokobanAgent largeSokobanAgent  # newest step
     agentrl eval --model RUN_DIR/checkpoints/step_000100 --out step100.json
     agentrl eval --model Qwen/Qwen2.5-0.5B-Instruct --device cuda --max-batch 64
+    agentrl eval --presets babyaiGoTo3Agent --compare enable_think=true enable_think=false
 
 Every preset plays the same GROUPS games (the first seeds of the held-out split, see
 agentrl/envs/splits.py), each GROUP_SIZE times. The model decodes greedily unless
@@ -19,6 +20,12 @@ Prints a table (success % with its 95% Wilson interval, mean return, mean turns,
 hub id, a training checkpoint folder (its actor/ model is loaded) or a training run folder (its
 newest complete checkpoint). Presets are the names in configs/agents.yaml, or 'all' (TextWorld
 presets generate their games on first use: slow once).
+
+--compare VARIANT [VARIANT ...] plays every variant (agent settings KEY=VALUE[,KEY=VALUE] laid
+over each preset, e.g. enable_think=false) on the same seeds and prints one table (success,
+return, reply tokens, seconds per episode per variant and preset); the JSON holds each
+variant's results and a PNG of the table goes to --plot (default: --out with .png).
+See agentrl/compare.py.
 """
 
 from __future__ import annotations
@@ -107,6 +114,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--log-episodes", type=non_negative_int, default=8,
                         help="episode records (turn by turn) kept in the JSON per preset, for "
                              "`agentrl report` (default 8; 0 = none)")
+    parser.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
+                        help="agent settings to compare on the same seeds, one variant per "
+                             "argument: KEY=VALUE[,KEY=VALUE], e.g. enable_think=true "
+                             "enable_think=false")
+    parser.add_argument("--plot", default=None,
+                        help="PNG of the --compare table (default: --out with .png)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
@@ -140,6 +153,13 @@ def run(args: argparse.Namespace, out=None) -> int:
 
     out = out or sys.stdout
     presets = select_presets(args.presets, load_agent_presets())
+    variants = None
+    if args.compare:
+        from agentrl.compare import apply_variant, parse_variant
+
+        variants = [parse_variant(text) for text in args.compare]
+        for variant in variants:  # a bad value fails before the model loads
+            apply_variant(presets, variant)
     llm = None
     if args.policy == "model":
         sampling = _sampling(args, presets)  # bad settings fail before the model loads
@@ -149,18 +169,25 @@ def run(args: argparse.Namespace, out=None) -> int:
                    "max_context_tokens": min(args.max_context_tokens, _model_context(llm))}
     else:
         policy, label, options = args.policy, args.policy, {}
+    common = dict(groups=args.groups, group_size=args.group_size, split=args.split,
+                  seed=args.seed, label=label, progress=not args.no_progress, **options)
     try:
-        result = asyncio.run(evaluate(presets, policy, groups=args.groups,
-                                      group_size=args.group_size, split=args.split,
-                                      seed=args.seed, label=label,
-                                      progress=not args.no_progress, **options))
+        if variants:
+            from agentrl.compare import compare
+
+            results = asyncio.run(compare(presets, policy, variants, **common))
+        else:
+            result = asyncio.run(evaluate(presets, policy, **common))
     finally:
         if llm is not None:
             llm.close()
     console = Console(file=out, width=None if out.isatty() else TABLE_WIDTH)
-    console.print(result.table())
-    report = result.to_dict()
-    report["episodes"] = result.episode_records(args.log_episodes)
+    if variants:
+        report = _comparison_report(results, args, label, console)
+    else:
+        console.print(result.table())
+        report = result.to_dict()
+        report["episodes"] = result.episode_records(args.log_episodes)
     if llm is not None:
         report["model"] = {"name": args.model, "path": model_path(args.model),
                            "sampling": dataclasses.asdict(options["sampling"]),
@@ -170,6 +197,21 @@ def run(args: argparse.Namespace, out=None) -> int:
     path.write_text(json.dumps(report, indent=2) + "\n")
     console.print(f"wrote {path}")
     return 0
+
+
+def _comparison_report(results, args: argparse.Namespace, label: str, console) -> dict:
+    """Print the --compare table, draw its PNG; the JSON report of every variant."""
+    from agentrl.compare import comparison_rows, comparison_table, plot_comparison
+
+    rows = comparison_rows(results)
+    first = results[0][1]
+    title = (f"{label} on {first.split} seeds ({len(first.seeds)} per preset x "
+             f"{first.group_size}), variants compared")
+    console.print(comparison_table(rows, title))
+    plot = plot_comparison(rows, args.plot or Path(args.out).with_suffix(".png"), title)
+    console.print(f"wrote {plot}")
+    return {"comparison": rows, "plot": str(plot),
+            "variants": {variant.label: result.to_dict() for variant, result in results}}
 
 
 def _load_llm(args: argparse.Namespace):

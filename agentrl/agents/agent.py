@@ -69,6 +69,8 @@ GAME_SPECS: dict[str, GameSpec] = {
     "BlocksWorld": GameSpec(("move 2 to 0", "move 1 to 2"), ""),  # "Current state: ... Goal..."
     "TextWorld": GameSpec(("open box", "take key from box"), "", slow_steps=True),  # "Goal: ..."
     "Bandit": GameSpec(("A",), ""),  # "Pick one arm: A, B"
+    "BabyAI": GameSpec(("turn left", "go forward"), ""),  # "Mission: ..., You see ..."
+    "TextWorldExpress": GameSpec(("move north", "take coin"), "", slow_steps=True),  # "Task: ..."
 }
 
 

@@ -50,7 +50,7 @@ class AgentConfig:
 
     game: str
     """Which game: a key of ``agentrl.envs.GAMES`` (Sokoban, Tetris, BlocksWorld, TextWorld,
-    Bandit)."""
+    Bandit, BabyAI, TextWorldExpress)."""
     env_kwargs: dict = field(default_factory=dict)
     """Passed to ``gymnasium.make("agentrl/<game>-v0", **env_kwargs)``: ``preset`` + overrides."""
     system_prompt: str = DEFAULT_SYSTEM_PROMPT

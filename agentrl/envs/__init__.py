@@ -18,6 +18,8 @@ GAMES = {
     "BlocksWorld": "agentrl.envs.blocksworld:BlocksWorldEnv",
     "TextWorld": "agentrl.envs.textworld:TextWorldEnv",
     "Bandit": "agentrl.envs.bandit:BanditEnv",
+    "BabyAI": "agentrl.envs.babyai:BabyAIEnv",
+    "TextWorldExpress": "agentrl.envs.textworld_express:TextWorldExpressEnv",
 }
 """Game name -> lazy entry point (modules import only when an env is made)."""
 

@@ -185,7 +185,8 @@ class SFTTrainer:
         self.loop = asyncio.new_event_loop()
         val_tokens = config.val.max_new_tokens or r.max_new_tokens
         self.val_presets = dict(config.playing_presets(config.val.presets, val_tokens))
-        self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens)
+        self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens,
+                                           constrained_actions=config.constrained_actions)
         self.output_dir = Path(config.sft.output_dir or Path(config.run_dir) / "sft")
 
     # -- stages ------------------------------------------------------------------------------------

@@ -3,12 +3,18 @@
     python scripts/bench/learn.py                        # embedded SmolLM2-135M, first-token bandit
     python scripts/bench/learn.py --preset quickSokobanAgent --steps 20 train.group_size=8
     python scripts/bench/learn.py --steps 2 model=tiny   # a smoke run of the script itself
+    python scripts/bench/learn.py --preset babyaiGoTo3Agent --compare enable_think=true \
+        enable_think=false                              # one run per variant, curves compared
 
 Runs the local trainer (CPU preset unless overridden) for ``--steps`` steps on one preset,
 with greedy validation on held-out seeds before the first step and at the end, then prints
 the before/after table and the per-step training curve, and writes JSON plus the run's
 learning-curve PNG. Extra ``key=value`` arguments are config overrides. The run folder is
 kept (``--run-dir``), so a stopped benchmark resumes where it was.
+
+``--compare VARIANT ...`` trains once per variant (agent settings ``KEY=VALUE[,KEY=VALUE]``
+laid over the preset, as ``agentrl eval --compare``; each run in ``<run-dir>/<variant>``) with
+the same seeds, and prints their before/after rows and curves together.
 
 The default task, ``first-token-bandit`` (:mod:`agentrl.trainers.sanity`), is built from the
 model itself: a one-token Bandit whose arms are its ``--arms`` most likely first reply tokens,
@@ -22,6 +28,7 @@ from); a game preset needs a larger model or many more steps.
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 from rich.console import Console
@@ -47,8 +54,41 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-groups", type=int, default=8, help="held-out games (default 8)")
     parser.add_argument("--run-dir", default="bench_results/learn_run", help="the run folder")
     parser.add_argument("--out", default="bench_results/learn.json", help="JSON output path")
+    parser.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
+                        help="agent settings to train with, one run each: KEY=VALUE[,KEY=VALUE]")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     return parser.parse_args(argv)
+
+
+def variant_overrides(preset: str, text: str) -> list[str]:
+    """``enable_think=false`` -> ``agents.<preset>.enable_think=false`` (checked first)."""
+    from agentrl.compare import parse_variant
+
+    variant = parse_variant(text)
+    return [f"agents.{preset}.{key}={value}" for key, value in
+            (pair.split("=", 1) for pair in text.split(",") if pair.strip())
+            if key.strip() in variant.settings]
+
+
+def compare_main(argv: list[str] | None = None) -> list[dict]:
+    """One ``main`` run per ``--compare`` variant; their tables and curves printed together."""
+    args = parse_args(argv)
+    if args.preset == BANDIT:
+        raise SystemExit(f"--compare needs an agent preset (--preset), not {BANDIT}")
+    results = []
+    for text in args.compare:
+        run_dir = Path(args.run_dir) / text.replace("=", "-").replace(",", "_")
+        out = Path(args.out).with_name(f"{Path(args.out).stem}-{run_dir.name}.json")
+        argv_variant = ["--preset", args.preset, "--steps", str(args.steps), "--seed",
+                        str(args.seed), "--val-groups", str(args.val_groups), "--run-dir",
+                        str(run_dir), "--out", str(out), *args.overrides,
+                        *variant_overrides(args.preset, text)]
+        results.append({"variant": text, **main(argv_variant)})
+    print("\n".join(f"{r['variant']}: held-out success {r['val_success_before']} -> "
+                    f"{r['val_success_after']}; train success by step "
+                    f"{[round(x or 0.0, 2) for _, x, _ in r['train_curve']]}" for r in results))
+    write_result(args.out, {"compare": results})
+    return results
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -107,4 +147,4 @@ def show(result: dict) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    compare_main() if "--compare" in sys.argv else main()

@@ -17,7 +17,7 @@ from agentrl.envs import env_id
 
 PRESETS = load_agent_presets(check_envs=False)
 ONE_PER_GAME = ["simpleSokobanAgent", "tetrisType1Agent", "blocksworldTextAgent",
-                "textworldEasyAgent", "banditAgent"]
+                "textworldEasyAgent", "banditAgent", "babyaiDoorKeyAgent", "twxCookingAgent"]
 
 
 def config(name: str = "tetrisType1Agent", **changes) -> AgentConfig:
