@@ -22,33 +22,24 @@ verl's composed SFT config, checked by verl's config classes, without a GPU.
 from __future__ import annotations
 
 import argparse
-import logging
 
-import yaml
-
-from agentrl.config import compose_config
+from agentrl.train_cli import add_config_arguments, config_to_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="hydra overrides of configs/base.yaml (e.g. sft.episodes=32)")
-    parser.add_argument("--print-config", action="store_true",
-                        help="print the resolved, validated config and exit")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="backend=verl: print verl's SFT config and command, validated by "
-                             "verl, and exit (no GPU); local: as --print-config")
+    add_config_arguments(parser, "sft.episodes=32",
+                         "backend=verl: print verl's SFT config and command, validated by verl, "
+                         "and exit (no GPU); local: as --print-config")
 
 
 def run(args: argparse.Namespace) -> int:
-    config = compose_config(args.overrides)
-    if args.print_config or (args.dry_run and config.backend == "local"):
-        print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+    config = config_to_run(args)
+    if config is None:
         return 0
     if config.backend == "verl":
         from agentrl.verl.sft import launch_sft
 
         return launch_sft(config, dry_run=args.dry_run)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from agentrl.trainers.sft import SFTTrainer
 
     trainer = SFTTrainer(config)

@@ -18,32 +18,48 @@ from __future__ import annotations
 
 import argparse
 import logging
+from typing import Any
 
 import yaml
 
 from agentrl.config import compose_config
 
 
-def add_arguments(parser: argparse.ArgumentParser) -> None:
+def add_config_arguments(parser: argparse.ArgumentParser, example: str, dry_run_help: str
+                         ) -> None:
+    """The arguments every config-driven command takes (``train``, ``sft``)."""
     parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="hydra overrides of configs/base.yaml (e.g. train.total_steps=4)")
+                        help=f"hydra overrides of configs/base.yaml (e.g. {example})")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved, validated config and exit")
-    parser.add_argument("--dry-run", action="store_true",
-                        help="backend=verl: print verl's config and the command, validated by "
-                             "verl, and exit (no Ray, no GPU); local: as --print-config")
+    parser.add_argument("--dry-run", action="store_true", help=dry_run_help)
 
 
-def run(args: argparse.Namespace) -> int:
+def config_to_run(args: argparse.Namespace) -> Any | None:
+    """The composed, validated config; None once printed (``--print-config``, or ``--dry-run``
+    with the local backend, which has nothing else to show)."""
     config = compose_config(args.overrides)
     if args.print_config or (args.dry_run and config.backend == "local"):
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
+        return None
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
+    return config
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    add_config_arguments(parser, "train.total_steps=4",
+                         "backend=verl: print verl's config and the command, validated by verl, "
+                         "and exit (no Ray, no GPU); local: as --print-config")
+
+
+def run(args: argparse.Namespace) -> int:
+    config = config_to_run(args)
+    if config is None:
         return 0
     if config.backend == "verl":
         from agentrl.verl.launch import launch
 
         return launch(config, dry_run=args.dry_run)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(name)s: %(message)s")
     from agentrl.trainers.local import LocalTrainer
 
     trainer = LocalTrainer(config)
