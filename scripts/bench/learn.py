@@ -334,8 +334,9 @@ def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any]) -
         stage = untrained_stage(configs, configs.decoding(name))
         return {"recipe": name, "seed": None, "before": before, **stage}
     stages = []
-    if recipe.sft:
-        stages.append(sft_stage(configs, seed, need_checkpoint=recipe.ppo))
+    if recipe.sft:  # its checkpoint is needed by a PPO stage that has not finished
+        ppo_done = (configs.args.run_dir / name / f"seed_{seed}" / STAGE_FILE).is_file()
+        stages.append(sft_stage(configs, seed, need_checkpoint=recipe.ppo and not ppo_done))
     if recipe.ppo:
         stages.append(ppo_stage(configs, name, seed, stages[-1] if stages else None))
     run = {"recipe": name, "seed": seed, "before": before, "after": stages[-1]["after"],
@@ -450,7 +451,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     axes.set_ylabel(f"held-out greedy success % ({result['val_games']} games)")
     axes.set_ylim(0, 105)
     axes.set_title(f"{result['model']} on {result['preset']}, {result['seeds']} seed(s)")
-    axes.legend(fontsize="small", loc="upper left")
+    axes.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     return path
