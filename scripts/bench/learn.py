@@ -406,9 +406,10 @@ def show(result: dict[str, Any]) -> None:
     table = Table(title=(
         f"{result['model']} on {result['preset']}: held-out greedy success (%) on "
         f"{result['val_games']} games; {result['steps']} PPO steps x "
-        f"{result['episodes_per_step']} episodes, SFT {result['sft_episodes']} episodes x "
-        f"{result['sft_epochs']} epochs" + (f", <= {result['minutes']:g} min a run"
-                                            if result["minutes"] else "")))
+        f"{result['episodes_per_step']} episodes"
+        + (f", SFT {result['sft_episodes']} episodes x {result['sft_epochs']} epochs"
+           if any(RECIPES[name].sft for name in result["recipes"]) else "")
+        + (f", <= {result['minutes']:g} min a run" if result["minutes"] else "")))
     for column in ("recipe", "runs", "before", "after (mean)", "min-max", "std", "gain",
                    "format err. after", "PPO steps", "train min/run", "wall min/run"):
         table.add_column(column, justify="left" if column == "recipe" else "right")
