@@ -1,6 +1,6 @@
 """Which recipe teaches a model a real game? Held-out greedy success before and after each.
 
-    python scripts/bench/learn.py                                  # tightSokobanAgent, 5 recipes x 3 seeds
+    python scripts/bench/learn.py                      # tightSokobanAgent, 5 recipes x 3 seeds
     python scripts/bench/learn.py --recipes untrained sft sft_ppo --seeds 1 --minutes 30 threads=1
     python scripts/bench/learn.py --preset tightBlocksworldAgent --steps 40 lora.rank=8
     python scripts/bench/learn.py --preset first-token-bandit --recipes untrained ppo
@@ -104,7 +104,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "(default tightSokobanAgent)")
     parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=None,
                         help="recipes to compare (default: all; the bandit: untrained ppo)")
-    parser.add_argument("--seeds", type=int, default=3, help="training seeds per recipe (default 3)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="training seeds per recipe (default 3)")
     parser.add_argument("--steps", type=int, default=20, help="PPO steps per run (default 20)")
     parser.add_argument("--sft-episodes", type=int, default=64,
                         help="oracle demonstrations of the SFT stage (default 64)")
@@ -152,6 +153,13 @@ class Configs:
             self.bandit_agents = {BANDIT: first_token_bandit(likely_arms(model, tokenizer,
                                                                          args.arms))}
             del model
+
+    def settings(self, **stage: Any) -> dict[str, Any]:
+        """What a stage's result depends on: a finished stage with other settings is refused."""
+        args = self.args
+        arms = {"arms": args.arms} if self.bandit_agents is not None else {}
+        return {"preset": args.preset, "val_groups": args.val_groups,
+                "overrides": args.overrides, **arms, **stage}
 
     def decoding(self, recipe: str) -> bool:
         """The recipe's constrained decoding (never for the bandit: its first free token is the
@@ -217,8 +225,7 @@ def untrained_stage(configs: Configs, constrained: bool) -> dict[str, Any]:
     """The model as it is, on the held-out seeds, under the given decoding."""
     args = configs.args
     folder = args.run_dir / "untrained" / ("constrained" if constrained else "free")
-    settings = {"val_groups": args.val_groups, "overrides": args.overrides,
-                "constrained": constrained}
+    settings = configs.settings(constrained=constrained)
     if (record := cached_stage(folder, settings)) is not None:
         return record
     config = configs.build(constrained=constrained)
@@ -229,17 +236,19 @@ def untrained_stage(configs: Configs, constrained: bool) -> dict[str, Any]:
 
 
 def evaluate_model(config: Any) -> dict[str, Any]:
-    """Greedy held-out play of ``config.model`` as PPO's validation plays it."""
+    """Greedy held-out play of ``config.model`` as PPO's validation plays it (float32 weights,
+    ``model.dtype`` as the compute dtype)."""
     import torch
 
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    model, tokenizer = load_model(config.model.name, dtype=config.model.dtype,
+    model, tokenizer = load_model(config.model.name, dtype="float32",
                                   chat_template=config.model.chat_template)
     r = config.rollout
     tokens = config.val.max_new_tokens or r.max_new_tokens
     llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed,
-                      prefix_cache_tokens=r.prefix_cache_tokens)
+                      prefix_cache_tokens=r.prefix_cache_tokens,
+                      compute_dtype=None if config.model.dtype == "float32" else config.model.dtype)
     try:
         result = asyncio.run(evaluate(
             dict(config.playing_presets(config.val.presets, tokens)), llm,
@@ -256,9 +265,8 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
     """Oracle demonstrations, SFT to the budget, evaluation, checkpoint (shared by sft_ppo)."""
     args = configs.args
     folder = args.run_dir / "sft" / f"seed_{seed}"
-    settings = {"val_groups": args.val_groups, "overrides": args.overrides,
-                "episodes": args.sft_episodes, "epochs": args.sft_epochs,
-                "minutes": args.minutes}
+    settings = configs.settings(episodes=args.sft_episodes, epochs=args.sft_epochs,
+                                minutes=args.minutes)
     record = cached_stage(folder, settings)
     if record is not None and (not need_checkpoint or Path(record["checkpoint"]).is_dir()):
         return record
@@ -289,8 +297,8 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
     minutes = args.minutes
     if minutes is not None and start_from is not None:
         minutes = max(minutes - start_from["train_minutes"], 1e-9)  # at least one step
-    settings = {"val_groups": args.val_groups, "overrides": args.overrides, "steps": args.steps,
-                "minutes": args.minutes, "start_from": start_from and start_from["checkpoint"]}
+    settings = configs.settings(steps=args.steps, minutes=args.minutes,
+                                start_from=start_from and start_from["checkpoint"])
     if (record := cached_stage(folder, settings)) is not None:
         return record
     config = configs.build(
