@@ -32,6 +32,7 @@ def smoke_args(tmp_path, *extra):
             *extra, "model=tiny", "threads=1"]
 
 
+@pytest.mark.slow
 def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsys,
                                                           one_torch_thread):
     bench.main(smoke_args(tmp_path))
