@@ -47,6 +47,9 @@ updates) ~20 min, and all five recipes x 3 seeds about 2.5-3 hours (``--minutes`
 
 Extra ``key=value`` arguments are config overrides of every run (``threads=1``,
 ``lora.rank=8``, ``actor.lr=...``); the recipe's own keys (decoding, presets, model) win.
+``--compare VARIANT ...`` runs every recipe once per variant of the preset's agent settings
+(``KEY=VALUE[,KEY=VALUE]`` as ``agentrl eval --compare``, e.g. ``enable_think=true
+enable_think=false``), each in ``<--run-dir>/<variant>/``, rows labelled ``recipe [variant]``.
 ``--preset first-token-bandit`` keeps the older sanity task (:mod:`agentrl.trainers.sanity`):
 a one-token Bandit over the model's ``--arms`` most likely first tokens (recipes ``untrained``
 and ``ppo`` only).
@@ -126,6 +129,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON output path; the plot goes beside it as .png")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep finished runs' checkpoints (default: deleted at the end)")
+    parser.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
+                        help="agent settings over --preset, KEY=VALUE[,KEY=VALUE]: every "
+                             "recipe runs once per variant (e.g. enable_think=true "
+                             "enable_think=false)")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides of every run")
     args = parser.parse_args(argv)
@@ -133,6 +140,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args.recipes = list(dict.fromkeys(args.recipes or (BANDIT_RECIPES if bandit else RECIPES)))
     if bandit and set(args.recipes) - set(BANDIT_RECIPES):
         parser.error(f"--preset {BANDIT} allows --recipes {' '.join(BANDIT_RECIPES)}")
+    if bandit and args.compare:
+        parser.error(f"--compare needs an agent preset (--preset), not {BANDIT}")
     for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
@@ -378,10 +387,25 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    args = parse_args(argv)
+def variant_overrides(preset: str, text: str) -> list[str]:
+    """``enable_think=false`` -> ``agents.<preset>.enable_think=false`` (checked first)."""
+    from agentrl.compare import parse_variant
+
+    variant = parse_variant(text)
+    return [f"agents.{preset}.{key}={value}" for key, value in
+            (pair.split("=", 1) for pair in text.split(",") if pair.strip())
+            if key.strip() in variant.settings]
+
+
+def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]:
+    """Every chosen recipe x seed with ``variant``'s agent settings (None: the preset's own),
+    in ``<run-dir>/<variant>/`` when there is one; rows labelled ``recipe [variant]``."""
+    if variant is not None:
+        args = argparse.Namespace(**{
+            **vars(args), "overrides": [*args.overrides, *variant_overrides(args.preset, variant)],
+            "run_dir": args.run_dir / variant.replace("=", "-").replace(",", "_")})
+    suffix = "" if variant is None else f" [{variant}]"
     configs = Configs(args)
-    base = configs.build(constrained=True)
     references = reference_rows(configs) if args.preset != BANDIT else {}
     befores = {c: untrained_stage(configs, c)["after"]
                for c in dict.fromkeys(map(configs.decoding, args.recipes))}
@@ -389,20 +413,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name in args.recipes:
         recipe = RECIPES[name]
         seeds = range(args.seeds) if recipe.sft or recipe.ppo else range(1)
-        runs[name] = [run_recipe(configs, name, seed, befores[configs.decoding(name)])
-                      for seed in seeds]
+        runs[name + suffix] = [run_recipe(configs, name, seed, befores[configs.decoding(name)])
+                               for seed in seeds]
+    return {"references": {policy + suffix: row for policy, row in references.items()},
+            "summary": [{"label": label, "variant": variant, **summarize(name, recipe_runs)}
+                        for name, (label, recipe_runs) in zip(args.recipes, runs.items())],
+            "runs": runs}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    base = Configs(args).build(constrained=True)
+    parts = [run_variant(args, variant) for variant in args.compare or [None]]
     if not args.keep_checkpoints:
-        for folder in args.run_dir.glob(f"*/seed_*/{CHECKPOINTS_DIR}"):
+        for folder in args.run_dir.glob(f"**/seed_*/{CHECKPOINTS_DIR}"):
             shutil.rmtree(folder)
     result = {
         "model": base.model.name, "preset": args.preset, "recipes": args.recipes,
-        "seeds": args.seeds, "steps": args.steps,
+        "variants": args.compare, "seeds": args.seeds, "steps": args.steps,
         "episodes_per_step": base.train.group_num * base.train.group_size,
         "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
         "minutes": args.minutes, "val_games": args.val_groups, "overrides": args.overrides,
-        "references": references,
-        "summary": [summarize(name, recipe_runs) for name, recipe_runs in runs.items()],
-        "runs": runs, "run_dir": str(args.run_dir),
+        "references": {k: v for part in parts for k, v in part["references"].items()},
+        "summary": [row for part in parts for row in part["summary"]],
+        "runs": {k: v for part in parts for k, v in part["runs"].items()},
+        "run_dir": str(args.run_dir),
     }
     result["plot"] = str(plot(result, Path(args.out).with_suffix(".png")))
     show(result)
@@ -428,15 +463,16 @@ def show(result: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column == "recipe" else "right",
                          no_wrap=column == "recipe")
     for row in result["summary"]:
-        table.add_row(row["recipe"], str(row["runs"]), percent(row["before"]),
+        table.add_row(row["label"], str(row["runs"]), percent(row["before"]),
                       percent(row["after_mean"]),
                       f"{percent(row['after_min'])}-{percent(row['after_max'])}",
                       percent(row["after_std"]), f"{100 * row['gain']:+.1f}",
                       percent(row["format_error_after"]),
                       "-" if row["steps"] is None else f"{row['steps']:.1f}",
                       f"{row['train_minutes']:.1f}", f"{row['wall_minutes']:.1f}")
-    for policy, row in result["references"].items():
-        table.add_row(f"[dim]{policy} policy[/dim]", "", "", percent(row["success"]),
+    for label, row in result["references"].items():
+        policy, _, variant = label.partition(" ")
+        table.add_row(f"[dim]{policy} policy {variant}[/dim]", "", "", percent(row["success"]),
                       *[""] * 7)
     console = Console()
     console.width = console.width if console.is_terminal else TABLE_WIDTH
@@ -459,10 +495,10 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     axes.scatter(x, [100 * r["before"] for r in rows], marker="_", s=600, color="black",
                  zorder=3, label="before")
     styles = {"random": ("tab:red", "--"), "oracle": ("tab:green", ":")}
-    for policy, row in result["references"].items():
-        color, style = styles[policy]
-        axes.axhline(100 * row["success"], color=color, linestyle=style, label=policy)
-    axes.set_xticks(list(x), [r["recipe"] for r in rows])
+    for label, row in result["references"].items():
+        color, style = styles[label.split()[0]]
+        axes.axhline(100 * row["success"], color=color, linestyle=style, label=label)
+    axes.set_xticks(list(x), [r["label"].replace(" [", "\n[") for r in rows])
     axes.set_ylabel(f"held-out greedy success % ({result['val_games']} games)")
     axes.set_ylim(0, 105)
     axes.set_title(f"{result['model']} on {result['preset']}, {result['seeds']} seed(s)")

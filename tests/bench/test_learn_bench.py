@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "learn.py"
-SUMMARY_KEYS = {"recipe", "runs", "before", "after_mean", "after_min", "after_max", "after_std",
+SUMMARY_KEYS = {"label", "variant", "recipe", "runs", "before", "after_mean", "after_min", "after_max", "after_std",
                 "gain", "format_error_after", "train_minutes", "wall_minutes", "steps"}
 
 
