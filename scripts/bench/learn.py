@@ -63,11 +63,11 @@ import json
 import shutil
 import statistics
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentrl.bench_cli import write_result
@@ -86,8 +86,7 @@ STAGE_FILE = "stage.json"
 TABLE_WIDTH = 130  # columns of the table when the output is not a terminal
 
 
-@dataclass(frozen=True)
-class Recipe:
+class Recipe(NamedTuple):  # not a dataclass: the script also loads as a nameless module
     sft: bool
     """Starts from the SFT stage's checkpoint (or is that stage)."""
     ppo: bool
@@ -463,7 +462,7 @@ def show(result: dict[str, Any]) -> None:
         table.add_column(column, justify="left" if column == "recipe" else "right",
                          no_wrap=column == "recipe")
     for row in result["summary"]:
-        table.add_row(row["label"], str(row["runs"]), percent(row["before"]),
+        table.add_row(escape(row["label"]), str(row["runs"]), percent(row["before"]),
                       percent(row["after_mean"]),
                       f"{percent(row['after_min'])}-{percent(row['after_max'])}",
                       percent(row["after_std"]), f"{100 * row['gain']:+.1f}",
@@ -472,7 +471,7 @@ def show(result: dict[str, Any]) -> None:
                       f"{row['train_minutes']:.1f}", f"{row['wall_minutes']:.1f}")
     for label, row in result["references"].items():
         policy, _, variant = label.partition(" ")
-        table.add_row(f"[dim]{policy} policy {variant}[/dim]", "", "", percent(row["success"]),
+        table.add_row(f"[dim]{policy} policy {escape(variant)}[/dim]", "", "", percent(row["success"]),
                       *[""] * 7)
     console = Console()
     console.width = console.width if console.is_terminal else TABLE_WIDTH
