@@ -40,10 +40,11 @@ checkpoint (``resume=auto``, every ``trainer.save_freq`` steps), with a fresh ``
 Finished runs' checkpoints are deleted at the end unless ``--keep-checkpoints`` (a 135M model
 with its optimizer state is ~1.6 GB a run).
 
-Expected time (embedded SmolLM2-135M, 2 CPU cores, ``threads=1``, load ~2.5): a PPO step of
-``tightSokobanAgent`` takes ~30 s, an SFT update of 8 demonstrations ~50 s, a 32-game evaluation
-about a minute; so a PPO run of the default 20 steps ~10 min, the default SFT (64 x 3: 24
-updates) ~20 min, and all five recipes x 3 seeds about 2.5-3 hours (``--minutes`` caps it).
+Expected time (embedded SmolLM2-135M, 2 CPU cores, ``threads=1``, load ~2.5; measured on a
+2-step smoke run): a PPO step of ``tightSokobanAgent`` ~30 s, an SFT update of 8
+demonstrations ~50 s, 4 evaluation games ~9 s (32, batched: about a minute, estimated); so a
+PPO run of the default 20 steps ~10 min, the default SFT (64 x 3: 24 updates) ~20 min, and all
+five recipes x 3 seeds about 2.5-3 hours (``--minutes`` caps it).
 
 Extra ``key=value`` arguments are config overrides of every run (``threads=1``,
 ``lora.rank=8``, ``actor.lr=...``); the recipe's own keys (decoding, presets, model) win.
@@ -471,8 +472,8 @@ def show(result: dict[str, Any]) -> None:
                       f"{row['train_minutes']:.1f}", f"{row['wall_minutes']:.1f}")
     for label, row in result["references"].items():
         policy, _, variant = label.partition(" ")
-        table.add_row(f"[dim]{policy} policy {escape(variant)}[/dim]", "", "", percent(row["success"]),
-                      *[""] * 7)
+        table.add_row(f"[dim]{policy} policy {escape(variant)}[/dim]", "", "",
+                      percent(row["success"]), *[""] * 7)
     console = Console()
     console.width = console.width if console.is_terminal else TABLE_WIDTH
     console.print(table)
