@@ -205,8 +205,13 @@ class LocalTrainer:
         return optim, sched
 
     # -- the run -----------------------------------------------------------------------------------
-    def fit(self) -> RunResult:
-        """Train to ``train.total_steps`` (resuming per ``resume``); validate, save, log, plot."""
+    def fit(self, deadline: float | None = None) -> RunResult:
+        """Train to ``train.total_steps`` (resuming per ``resume``); validate, save, log, plot.
+
+        ``deadline`` (a ``time.monotonic()`` value) stops training early: the step that ends
+        past it is the run's last (validated when ``val.test_freq`` is on, and saved), so a
+        fixed wall budget ends like a finished run. A resumed run gets the deadline it is given.
+        """
         config = self.config
         run_dir = Path(config.run_dir)
         checkpoint = resume_checkpoint(run_dir, config.resume)
@@ -233,13 +238,16 @@ class LocalTrainer:
                 self.episode_samples = []
                 metrics = self.train_step(step)
                 self.step = step
-                if freq and (step % freq == 0 or step == total):
+                last = step == total or (deadline is not None and time.monotonic() >= deadline)
+                if freq and (step % freq == 0 or last):
                     metrics.update(self.validate())
                 # before the save: a saved step is always logged
                 tracker.log(step, metrics, self.episode_samples)
                 episode_log.write(step, self.episode_samples)
-                if step == total or (config.trainer.save_freq and step % config.trainer.save_freq == 0):
+                if last or (config.trainer.save_freq and step % config.trainer.save_freq == 0):
                     last_saved = self.save(run_dir)
+                if last:
+                    break
         plot = None
         if config.trainer.plot and (run_dir / "metrics.jsonl").exists():
             plot = plot_learning_curves(run_dir / "metrics.jsonl", run_dir / "learning_curves.png")

@@ -8,7 +8,7 @@
 The arms are the model's own most likely first reply tokens, at a fixed point (listing them as
 the arms in the prompt leaves them the most likely), so any model - random or pretrained -
 starts with every arm reachable and none preferred for a reason of its own. Used by the
-learning test (tiny model) and ``scripts/bench/learn.py`` (the embedded model).
+learning test (tiny model) and ``scripts/bench/learn.py --preset first-token-bandit``.
 """
 
 from __future__ import annotations

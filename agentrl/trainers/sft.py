@@ -185,6 +185,7 @@ class SFTTrainer:
         self.loop = asyncio.new_event_loop()
         val_tokens = config.val.max_new_tokens or r.max_new_tokens
         self.val_presets = dict(config.playing_presets(config.val.presets, val_tokens))
+        # as PPO's validation decodes (rollout.constrained_actions), so the numbers compare
         self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens,
                                            constrained_actions=config.constrained_actions)
         self.output_dir = Path(config.sft.output_dir or Path(config.run_dir) / "sft")
@@ -217,8 +218,10 @@ class SFTTrainer:
                              "sft.random_action_share")
         return kept
 
-    def train(self, trajectories: list[Trajectory]) -> list[float]:
-        """``sft.epochs`` passes of shuffled mini-batches; returns each update's loss."""
+    def train(self, trajectories: list[Trajectory], deadline: float | None = None
+              ) -> list[float]:
+        """``sft.epochs`` passes of shuffled mini-batches; returns each update's loss. The update
+        that ends past ``deadline`` (a ``time.monotonic()`` value) is the last."""
         sft = self.config.sft
         batch = to_batch(trajectories, self.pad_token_id)
         n = len(trajectories)
@@ -241,6 +244,10 @@ class SFTTrainer:
                     losses.append(loss)
                     bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
                     bar.update(1)
+                    if deadline is not None and time.monotonic() >= deadline:
+                        log.info("SFT stopped at its deadline after %d updates", len(losses))
+                        self.llm.clear_prefix_cache()
+                        return losses
         self.llm.clear_prefix_cache()
         return losses
 
@@ -253,8 +260,9 @@ class SFTTrainer:
                                config=self.config.to_dict(), keep_last=1)
 
     # -- the run -----------------------------------------------------------------------------------
-    def fit(self) -> SftResult:
-        """Evaluate, play, train, evaluate, save (see the module docstring)."""
+    def fit(self, deadline: float | None = None) -> SftResult:
+        """Evaluate, play, train, evaluate, save (see the module docstring). ``deadline`` (a
+        ``time.monotonic()`` value) ends training after the update that passes it."""
         seconds: dict[str, float] = {}
         clock = time.perf_counter()
 
@@ -269,7 +277,7 @@ class SFTTrainer:
         lap("evaluate_before")
         demos = self.demonstrations()
         lap("demonstrations")
-        losses = self.train(demos)
+        losses = self.train(demos, deadline)
         lap("train")
         after = self.evaluate("after SFT") if evaluating else None
         lap("evaluate_after")

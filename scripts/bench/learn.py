@@ -1,63 +1,390 @@
-"""Does PPO teach a real pretrained model? Held-out success before and after a fixed budget.
+"""Which recipe teaches a model a real game? Held-out greedy success before and after each.
 
-    python scripts/bench/learn.py                        # embedded SmolLM2-135M, first-token bandit
-    python scripts/bench/learn.py --preset quickSokobanAgent --steps 20 train.group_size=8
-    python scripts/bench/learn.py --steps 2 model=tiny   # a smoke run of the script itself
-    python scripts/bench/learn.py --preset babyaiGoTo3Agent --compare enable_think=true \
-        enable_think=false                              # one run per variant, curves compared
+    python scripts/bench/learn.py                      # tightSokobanAgent, 5 recipes x 3 seeds
+    python scripts/bench/learn.py --recipes untrained sft sft_ppo --seeds 1 --minutes 30 threads=1
+    python scripts/bench/learn.py --preset tightBlocksworldAgent --steps 40 lora.rank=8
+    python scripts/bench/learn.py --preset first-token-bandit --recipes untrained ppo
+    python scripts/bench/learn.py --steps 1 --val-groups 2 --seeds 1 model=tiny   # a smoke run
+    agentrl bench learn [the same options]
 
-Runs the local trainer (CPU preset unless overridden) for ``--steps`` steps on one preset,
-with greedy validation on held-out seeds before the first step and at the end, then prints
-the before/after table and the per-step training curve, and writes JSON plus the run's
-learning-curve PNG. Extra ``key=value`` arguments are config overrides. The run folder is
-kept (``--run-dir``), so a stopped benchmark resumes where it was.
+Recipes (``--recipes``, default all; one table of differences, ``RECIPES``):
 
-``--compare VARIANT ...`` trains once per variant (agent settings ``KEY=VALUE[,KEY=VALUE]``
-laid over the preset, as ``agentrl eval --compare``; each run in ``<run-dir>/<variant>``) with
-the same seeds, and prints their before/after rows and curves together.
+- ``untrained``: the model as it is, evaluated only (greedy play of the same model does not
+  depend on a training seed, so it runs once);
+- ``ppo``: PPO (the local trainer, :class:`agentrl.trainers.local.LocalTrainer`) for
+  ``--steps`` steps with constrained action decoding off, in training and evaluation;
+- ``ppo_constrained``: the same with constrained action decoding on (the local default);
+- ``sft``: the supervised warm start on oracle play (:class:`agentrl.trainers.sft.SFTTrainer`,
+  ``--sft-episodes`` demonstrations x ``--sft-epochs``), constrained decoding on;
+- ``sft_ppo``: PPO from that SFT run's checkpoint (the same run, shared with ``sft``).
 
-The default task, ``first-token-bandit`` (:mod:`agentrl.trainers.sanity`), is built from the
-model itself: a one-token Bandit whose arms are its ``--arms`` most likely first reply tokens,
-paying the least likely. Sampling with ``top_k = --arms`` starts near chance (about
-``1/arms``) and greedy validation at 0, so a rise is learning, in a budget a CPU can afford.
-The 135M embedded model does not yet follow the games' answer format (its format-error rate
-on ``quickSokobanAgent`` is ~100%, so every return is the same and there is nothing to learn
-from); a game preset needs a larger model or many more steps.
+Every recipe is measured on the same ``--val-groups`` held-out seeds of ``--preset``
+(:func:`agentrl.evaluation.evaluate`, greedy, one episode per game): "before" is the untrained
+model under the recipe's decoding, "after" the trained one. Each recipe but ``untrained``
+trains once per training seed (``--seeds`` N: seeds 0..N-1), each in its own run folder
+``<--run-dir>/<recipe>/seed_<s>``. The table shows per recipe the mean after-success, its
+spread over seeds (min-max and std), the gain over before, and the wall minutes of a run
+(training, and with evaluation). Random legal play and the oracle are the reference rows. JSON
+goes to ``--out`` (via :func:`agentrl.bench_cli.write_result`), the plot beside it (``.png``).
+
+Budget: ``--steps`` PPO steps (the CPU hardware preset: 2 groups x 4 episodes a step) and
+``--sft-episodes`` x ``--sft-epochs`` SFT. ``--minutes M`` also caps the training wall time of a
+run: the trainers get a deadline (``fit(deadline=...)``) and stop after the PPO step or SFT
+update that passes it (the last PPO step is validated and saved as usual), so a recipe never
+trains longer than M minutes plus one step; ``sft_ppo``'s PPO gets what its SFT left of M (at
+least one step). Evaluation is not counted.
+
+Resuming: a finished stage writes ``stage.json`` in its folder and is not run again (with other
+settings the benchmark refuses the folder, naming it); a stopped PPO run resumes from its newest
+checkpoint (``resume=auto``, every ``trainer.save_freq`` steps), with a fresh ``--minutes``.
+Finished runs' checkpoints are deleted at the end unless ``--keep-checkpoints`` (a 135M model
+with its optimizer state is ~1.6 GB a run).
+
+Expected time (embedded SmolLM2-135M, 2 CPU cores, ``threads=1``, load ~2.5; measured on a
+2-step smoke run): a PPO step of ``tightSokobanAgent`` ~30 s, an SFT update of 8
+demonstrations ~50 s, 4 evaluation games ~9 s (32, batched: about a minute, estimated); so a
+PPO run of the default 20 steps ~10 min, the default SFT (64 x 3: 24 updates) ~20 min, and all
+five recipes x 3 seeds about 2.5-3 hours (``--minutes`` caps it).
+
+Extra ``key=value`` arguments are config overrides of every run (``threads=1``,
+``lora.rank=8``, ``actor.lr=...``); the recipe's own keys (decoding, presets, model) win.
+``--compare VARIANT ...`` runs every recipe once per variant of the preset's agent settings
+(``KEY=VALUE[,KEY=VALUE]`` as ``agentrl eval --compare``, e.g. ``enable_think=true
+enable_think=false``), each in ``<--run-dir>/<variant>/``, rows labelled ``recipe [variant]``.
+``--preset first-token-bandit`` keeps the older sanity task (:mod:`agentrl.trainers.sanity`):
+a one-token Bandit over the model's ``--arms`` most likely first tokens (recipes ``untrained``
+and ``ppo`` only).
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
+import asyncio
+import json
+import shutil
+import statistics
+import time
 from pathlib import Path
+from typing import Any, NamedTuple
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from agentrl.bench_cli import write_result
 from agentrl.config import build_config, compose_config
+from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.evaluation import EvalResult, evaluate
 from agentrl.models import load_model
+from agentrl.stats import wilson_interval
+from agentrl.trainers.checkpoint import CHECKPOINTS_DIR
 from agentrl.trainers.local import LocalTrainer
-from agentrl.trainers.sanity import first_token_bandit, likely_arms
+from agentrl.trainers.sft import SFTTrainer
 from agentrl.trainers.tracking import read_metrics
 
 BANDIT = "first-token-bandit"
+STAGE_FILE = "stage.json"
+TABLE_WIDTH = 130  # columns of the table when the output is not a terminal
+
+
+class Recipe(NamedTuple):  # not a dataclass: the script also loads as a nameless module
+    sft: bool
+    """Starts from the SFT stage's checkpoint (or is that stage)."""
+    ppo: bool
+    constrained: bool
+    """rollout.constrained_actions of its training and evaluation."""
+
+
+RECIPES = {
+    "untrained": Recipe(sft=False, ppo=False, constrained=True),
+    "ppo": Recipe(sft=False, ppo=True, constrained=False),
+    "ppo_constrained": Recipe(sft=False, ppo=True, constrained=True),
+    "sft": Recipe(sft=True, ppo=False, constrained=True),
+    "sft_ppo": Recipe(sft=True, ppo=True, constrained=True),
+}
+BANDIT_RECIPES = ("untrained", "ppo")  # the bandit's task is its first free token
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=10, help="training steps (default 10)")
-    parser.add_argument("--seed", type=int, default=0, help="run seed (default 0)")
-    parser.add_argument("--preset", default=BANDIT,
-                        help=f"agent preset to train on, or {BANDIT} (default)")
+    parser.add_argument("--preset", default="tightSokobanAgent",
+                        help=f"agent preset to train and evaluate on, or {BANDIT} "
+                             "(default tightSokobanAgent)")
+    parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=None,
+                        help="recipes to compare (default: all; the bandit: untrained ppo)")
+    parser.add_argument("--seeds", type=int, default=3,
+                        help="training seeds per recipe (default 3)")
+    parser.add_argument("--steps", type=int, default=20, help="PPO steps per run (default 20)")
+    parser.add_argument("--sft-episodes", type=int, default=64,
+                        help="oracle demonstrations of the SFT stage (default 64)")
+    parser.add_argument("--sft-epochs", type=int, default=3, help="SFT epochs (default 3)")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="wall budget of a run's training, in minutes (default: none)")
+    parser.add_argument("--val-groups", type=int, default=32,
+                        help="held-out games, the same for every recipe (default 32)")
     parser.add_argument("--arms", type=int, default=4, help=f"arms of {BANDIT} (default 4)")
-    parser.add_argument("--val-groups", type=int, default=8, help="held-out games (default 8)")
-    parser.add_argument("--run-dir", default="bench_results/learn_run", help="the run folder")
-    parser.add_argument("--out", default="bench_results/learn.json", help="JSON output path")
+    parser.add_argument("--run-dir", default="bench_results/learn_runs",
+                        help="folder of the run folders (reused: a stopped benchmark resumes)")
+    parser.add_argument("--out", default="bench_results/learn.json",
+                        help="JSON output path; the plot goes beside it as .png")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep finished runs' checkpoints (default: deleted at the end)")
     parser.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
-                        help="agent settings to train with, one run each: KEY=VALUE[,KEY=VALUE]")
-    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
-    return parser.parse_args(argv)
+                        help="agent settings over --preset, KEY=VALUE[,KEY=VALUE]: every "
+                             "recipe runs once per variant (e.g. enable_think=true "
+                             "enable_think=false)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides of every run")
+    args = parser.parse_args(argv)
+    bandit = args.preset == BANDIT
+    args.recipes = list(dict.fromkeys(args.recipes or (BANDIT_RECIPES if bandit else RECIPES)))
+    if bandit and set(args.recipes) - set(BANDIT_RECIPES):
+        parser.error(f"--preset {BANDIT} allows --recipes {' '.join(BANDIT_RECIPES)}")
+    if bandit and args.compare:
+        parser.error(f"--compare needs an agent preset (--preset), not {BANDIT}")
+    for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.minutes is not None and args.minutes <= 0:
+        parser.error("--minutes must be > 0")
+    args.run_dir = Path(args.run_dir).resolve()
+    return args
+
+
+# -- configs -------------------------------------------------------------------------------------
+class Configs:
+    """The config of each stage: the user's overrides, then the benchmark's and recipe's keys."""
+
+    def __init__(self, args: argparse.Namespace):
+        self.args = args
+        self.bandit_agents = None
+        if args.preset == BANDIT:
+            from agentrl.trainers.sanity import first_token_bandit, likely_arms
+
+            base = compose_config(args.overrides)
+            model, tokenizer = load_model(base.model.name, dtype=base.model.dtype,
+                                          chat_template=base.model.chat_template)
+            self.bandit_agents = {BANDIT: first_token_bandit(likely_arms(model, tokenizer,
+                                                                         args.arms))}
+            del model
+
+    def settings(self, **stage: Any) -> dict[str, Any]:
+        """What a stage's result depends on: a finished stage with other settings is refused."""
+        args = self.args
+        arms = {"arms": args.arms} if self.bandit_agents is not None else {}
+        return {"preset": args.preset, "val_groups": args.val_groups,
+                "overrides": args.overrides, **arms, **stage}
+
+    def decoding(self, recipe: str) -> bool:
+        """The recipe's constrained decoding (never for the bandit: its first free token is the
+        task)."""
+        return RECIPES[recipe].constrained and self.bandit_agents is None
+
+    def build(self, *, constrained: bool, seed: int = 0, run_dir: Path | None = None,
+              model: str | None = None, extra: tuple[str, ...] = ()) -> Any:
+        args = self.args
+        overrides = [*args.overrides, f"val.group_num={args.val_groups}", "val.group_size=1",
+                     f"seed={seed}", "trainer.logger=[console]", *extra]
+        if run_dir is not None:
+            overrides.append(f"run_dir={run_dir}")
+        data = compose_config(overrides).to_dict()
+        if model is not None:
+            data["model"]["name"] = model
+        if self.bandit_agents is not None:
+            data["agents"] = self.bandit_agents
+            data["rollout"].update(top_k=args.arms, max_new_tokens=1)
+        data["rollout"]["constrained_actions"] = constrained
+        for section in ("train", "val", "sft"):
+            data[section]["presets"] = [args.preset]
+        return build_config(data)
+
+
+# -- stages --------------------------------------------------------------------------------------
+def cached_stage(folder: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
+    """The finished stage's record in ``folder``, or None; other settings -> ValueError."""
+    path = folder / STAGE_FILE
+    if not path.is_file():
+        return None
+    record = json.loads(path.read_text())
+    if record["settings"] != settings:
+        raise ValueError(f"{folder} holds a run made with other settings ({record['settings']} "
+                         f"!= {settings}); remove it or choose another --run-dir")
+    return record
+
+
+def save_stage(folder: Path, settings: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
+    record = {"settings": settings, **record}
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / STAGE_FILE).write_text(json.dumps(record, indent=1))
+    return record
+
+
+def eval_row(result: EvalResult, preset: str) -> dict[str, Any]:
+    row = result.preset_metrics(preset)
+    keys = ("success", "success_ci95", "episodes", "return", "action_is_valid", "format_error",
+            "response_length")
+    return {key: row[key] for key in keys if key in row}
+
+
+def reference_rows(configs: Configs) -> dict[str, dict[str, Any]]:
+    """Random legal play and the oracle on the held-out seeds (no model)."""
+    config = configs.build(constrained=True)
+    presets = dict(config.playing_presets(config.val.presets, config.rollout.max_new_tokens))
+    return {policy: eval_row(asyncio.run(evaluate(presets, policy, groups=config.val.group_num,
+                                                  progress=False)), configs.args.preset)
+            for policy in ("random", "oracle")}
+
+
+def untrained_stage(configs: Configs, constrained: bool) -> dict[str, Any]:
+    """The model as it is, on the held-out seeds, under the given decoding."""
+    args = configs.args
+    folder = args.run_dir / "untrained" / ("constrained" if constrained else "free")
+    settings = configs.settings(constrained=constrained)
+    if (record := cached_stage(folder, settings)) is not None:
+        return record
+    config = configs.build(constrained=constrained)
+    start = time.perf_counter()
+    after = evaluate_model(config)
+    return save_stage(folder, settings, {"after": after, "train_minutes": 0.0,
+                                         "wall_minutes": (time.perf_counter() - start) / 60})
+
+
+def evaluate_model(config: Any) -> dict[str, Any]:
+    """Greedy held-out play of ``config.model`` as PPO's validation plays it (float32 weights,
+    ``model.dtype`` as the compute dtype)."""
+    import torch
+
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    model, tokenizer = load_model(config.model.name, dtype="float32",
+                                  chat_template=config.model.chat_template)
+    r = config.rollout
+    tokens = config.val.max_new_tokens or r.max_new_tokens
+    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed,
+                      prefix_cache_tokens=r.prefix_cache_tokens,
+                      compute_dtype=None if config.model.dtype == "float32" else config.model.dtype)
+    try:
+        result = asyncio.run(evaluate(
+            dict(config.playing_presets(config.val.presets, tokens)), llm,
+            groups=config.val.group_num, tokenizer=tokenizer,
+            sampling=SamplingParams(greedy=True, max_new_tokens=tokens,
+                                    constrained_actions=config.constrained_actions),
+            max_context_tokens=r.max_context_tokens, label="untrained"))
+    finally:
+        llm.close()
+    return eval_row(result, config.val.presets[0])
+
+
+def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str, Any]:
+    """Oracle demonstrations, SFT to the budget, evaluation, checkpoint (shared by sft_ppo)."""
+    args = configs.args
+    folder = args.run_dir / "sft" / f"seed_{seed}"
+    settings = configs.settings(episodes=args.sft_episodes, epochs=args.sft_epochs,
+                                minutes=args.minutes)
+    record = cached_stage(folder, settings)
+    if record is not None and (not need_checkpoint or Path(record["checkpoint"]).is_dir()):
+        return record
+    config = configs.build(constrained=configs.decoding("sft"), seed=seed, run_dir=folder,
+                           extra=(f"sft.episodes={args.sft_episodes}",
+                                  f"sft.epochs={args.sft_epochs}", "sft.evaluate=false",
+                                  f"sft.output_dir={folder}"))
+    start = time.perf_counter()
+    trainer = SFTTrainer(config)
+    try:
+        result = trainer.fit(deadline=deadline(args.minutes))
+        after = eval_row(trainer.evaluate("after SFT"), args.preset)
+    finally:
+        trainer.close()
+    train_s = result.seconds["demonstrations"] + result.seconds["train"]
+    return save_stage(folder, settings, {
+        "after": after, "checkpoint": str(result.checkpoint), "updates": result.updates,
+        "demonstrations": result.demonstrations, "first_loss": result.losses[0],
+        "last_loss": result.losses[-1], "train_minutes": train_s / 60,
+        "wall_minutes": (time.perf_counter() - start) / 60})
+
+
+def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, Any] | None
+              ) -> dict[str, Any]:
+    """PPO for ``--steps`` steps (or to the budget), validated at its last step."""
+    args = configs.args
+    folder = args.run_dir / recipe / f"seed_{seed}"
+    minutes = args.minutes
+    if minutes is not None and start_from is not None:
+        minutes = max(minutes - start_from["train_minutes"], 1e-9)  # at least one step
+    settings = configs.settings(steps=args.steps, minutes=args.minutes,
+                                start_from=start_from and start_from["checkpoint"])
+    if (record := cached_stage(folder, settings)) is not None:
+        return record
+    config = configs.build(
+        constrained=configs.decoding(recipe), seed=seed, run_dir=folder,
+        model=start_from and start_from["checkpoint"],
+        extra=(f"train.total_steps={args.steps}", f"val.test_freq={args.steps}",
+               "val.before_train=false", "trainer.keep_last=1"))
+    start = time.perf_counter()
+    trainer = LocalTrainer(config)
+    try:
+        run = trainer.fit(deadline=deadline(minutes))
+    finally:
+        trainer.close()
+    records = read_metrics(run.metrics)
+    key = f"val/{args.preset}/"
+    last = next(r for r in reversed(records) if r.get(key + "success") is not None)
+    after = {name: last[key + name] for name in ("success", "return", "action_is_valid",
+                                                 "format_error", "response_length")
+             if key + name in last}
+    games = args.val_groups
+    after["episodes"] = games
+    after["success_ci95"] = list(wilson_interval(after["success"] * games, games))
+    train_s = sum(r.get("timing/step_s", 0.0) for r in records if r["step"] > 0)
+    curve = [(r["step"], r.get(f"train/{args.preset}/success")) for r in records if r["step"] > 0]
+    return save_stage(folder, settings, {
+        "after": after, "steps": run.step, "train_curve": curve, "checkpoint": str(run.checkpoint),
+        "plot": str(run.plot) if run.plot else None, "train_minutes": train_s / 60,
+        "wall_minutes": (time.perf_counter() - start) / 60})
+
+
+def deadline(minutes: float | None) -> float | None:
+    """The trainers' deadline (``time.monotonic()`` clock) ``minutes`` from now."""
+    return None if minutes is None else time.monotonic() + minutes * 60
+
+
+# -- runs and summary ----------------------------------------------------------------------------
+def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any]) -> dict[str, Any]:
+    """One run of a recipe: its stages, then before/after and its minutes."""
+    recipe = RECIPES[name]
+    if not recipe.sft and not recipe.ppo:
+        stage = untrained_stage(configs, configs.decoding(name))
+        return {"recipe": name, "seed": None, "before": before, **stage}
+    stages = []
+    if recipe.sft:  # its checkpoint is needed by a PPO stage that has not finished
+        ppo_done = (configs.args.run_dir / name / f"seed_{seed}" / STAGE_FILE).is_file()
+        stages.append(sft_stage(configs, seed, need_checkpoint=recipe.ppo and not ppo_done))
+    if recipe.ppo:
+        stages.append(ppo_stage(configs, name, seed, stages[-1] if stages else None))
+    run = {"recipe": name, "seed": seed, "before": before, "after": stages[-1]["after"],
+           "train_minutes": sum(s["train_minutes"] for s in stages),
+           "wall_minutes": sum(s["wall_minutes"] for s in stages),
+           "steps": stages[-1].get("steps"), "stages": stages}
+    if recipe.sft and recipe.ppo:
+        run["after_sft"] = stages[0]["after"]
+    return run
+
+
+def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """Mean and spread over a recipe's runs."""
+    after = [r["after"]["success"] for r in runs]
+    before = runs[0]["before"]["success"]
+    steps = [r["steps"] for r in runs if r.get("steps") is not None]
+    return {
+        "recipe": name, "runs": len(runs), "before": before, "after_mean": statistics.fmean(after),
+        "after_min": min(after), "after_max": max(after),
+        "after_std": statistics.stdev(after) if len(after) > 1 else 0.0,
+        "gain": statistics.fmean(after) - before,
+        "format_error_after": statistics.fmean(r["after"].get("format_error", 0.0) for r in runs),
+        "train_minutes": statistics.fmean(r["train_minutes"] for r in runs),
+        "wall_minutes": statistics.fmean(r["wall_minutes"] for r in runs),
+        "steps": statistics.fmean(steps) if steps else None,
+    }
 
 
 def variant_overrides(preset: str, text: str) -> list[str]:
@@ -70,81 +397,116 @@ def variant_overrides(preset: str, text: str) -> list[str]:
             if key.strip() in variant.settings]
 
 
-def compare_main(argv: list[str] | None = None) -> list[dict]:
-    """One ``main`` run per ``--compare`` variant; their tables and curves printed together."""
-    args = parse_args(argv)
-    if args.preset == BANDIT:
-        raise SystemExit(f"--compare needs an agent preset (--preset), not {BANDIT}")
-    results = []
-    for text in args.compare:
-        run_dir = Path(args.run_dir) / text.replace("=", "-").replace(",", "_")
-        out = Path(args.out).with_name(f"{Path(args.out).stem}-{run_dir.name}.json")
-        argv_variant = ["--preset", args.preset, "--steps", str(args.steps), "--seed",
-                        str(args.seed), "--val-groups", str(args.val_groups), "--run-dir",
-                        str(run_dir), "--out", str(out), *args.overrides,
-                        *variant_overrides(args.preset, text)]
-        results.append({"variant": text, **main(argv_variant)})
-    print("\n".join(f"{r['variant']}: held-out success {r['val_success_before']} -> "
-                    f"{r['val_success_after']}; train success by step "
-                    f"{[round(x or 0.0, 2) for _, x, _ in r['train_curve']]}" for r in results))
-    write_result(args.out, {"compare": results})
-    return results
+def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]:
+    """Every chosen recipe x seed with ``variant``'s agent settings (None: the preset's own),
+    in ``<run-dir>/<variant>/`` when there is one; rows labelled ``recipe [variant]``."""
+    if variant is not None:
+        args = argparse.Namespace(**{
+            **vars(args), "overrides": [*args.overrides, *variant_overrides(args.preset, variant)],
+            "run_dir": args.run_dir / variant.replace("=", "-").replace(",", "_")})
+    suffix = "" if variant is None else f" [{variant}]"
+    configs = Configs(args)
+    references = reference_rows(configs) if args.preset != BANDIT else {}
+    befores = {c: untrained_stage(configs, c)["after"]
+               for c in dict.fromkeys(map(configs.decoding, args.recipes))}
+    runs: dict[str, list[dict[str, Any]]] = {}
+    for name in args.recipes:
+        recipe = RECIPES[name]
+        seeds = range(args.seeds) if recipe.sft or recipe.ppo else range(1)
+        runs[name + suffix] = [run_recipe(configs, name, seed, befores[configs.decoding(name)])
+                               for seed in seeds]
+    return {"references": {policy + suffix: row for policy, row in references.items()},
+            "summary": [{"label": label, "variant": variant, **summarize(name, recipe_runs)}
+                        for name, (label, recipe_runs) in zip(args.recipes, runs.items())],
+            "runs": runs}
 
 
-def main(argv: list[str] | None = None) -> dict:
+def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
-    config = compose_config([
-        f"val.group_num={args.val_groups}", "val.group_size=1", *args.overrides,
-        f"train.total_steps={args.steps}", f"val.test_freq={args.steps}", "val.before_train=true",
-        f"seed={args.seed}", f"run_dir={Path(args.run_dir).resolve()}", "trainer.logger=[console]"])
-    data = config.to_dict()
-    if args.preset == BANDIT:
-        model, tokenizer = load_model(config.model.name, dtype=config.model.dtype,
-                                      chat_template=config.model.chat_template)
-        data["agents"] = {BANDIT: first_token_bandit(likely_arms(model, tokenizer, args.arms))}
-        data["rollout"].update(top_k=args.arms, max_new_tokens=1,
-                               constrained_actions=False)  # the first free token is the task
-        del model
-    data["train"]["presets"] = data["val"]["presets"] = [args.preset]
-    config = build_config(data)
-    trainer = LocalTrainer(config)
-    try:
-        run = trainer.fit()
-    finally:
-        trainer.close()
-    records = read_metrics(run.metrics)
-    key = f"val/{args.preset}/success"
-    val = {r["step"]: r[key] for r in records if r.get(key) is not None}
-    curve = [(r["step"], r.get(f"train/{args.preset}/success"), r.get(f"train/{args.preset}/return"))
-             for r in records if r["step"] > 0]
+    base = Configs(args).build(constrained=True)
+    parts = [run_variant(args, variant) for variant in args.compare or [None]]
+    if not args.keep_checkpoints:
+        for folder in args.run_dir.glob(f"**/seed_*/{CHECKPOINTS_DIR}"):
+            shutil.rmtree(folder)
     result = {
-        "model": config.model.name, "preset": args.preset, "seed": args.seed, "steps": args.steps,
-        "arms": list(config.agents[args.preset].env_kwargs.get("arms", ())) if args.preset == BANDIT else None,
-        "episodes_per_step": config.train.group_num * config.train.group_size,
-        "val_games": args.val_groups, "val_success_before": val.get(0),
-        "val_success_after": val.get(args.steps), "train_curve": curve,
-        "plot": str(run.plot) if run.plot else None, "run_dir": str(run.run_dir),
+        "model": base.model.name, "preset": args.preset, "recipes": args.recipes,
+        "variants": args.compare, "seeds": args.seeds, "steps": args.steps,
+        "episodes_per_step": base.train.group_num * base.train.group_size,
+        "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
+        "minutes": args.minutes, "val_games": args.val_groups, "overrides": args.overrides,
+        "references": {k: v for part in parts for k, v in part["references"].items()},
+        "summary": [row for part in parts for row in part["summary"]],
+        "runs": {k: v for part in parts for k, v in part["runs"].items()},
+        "run_dir": str(args.run_dir),
     }
+    result["plot"] = str(plot(result, Path(args.out).with_suffix(".png")))
     show(result)
     write_result(args.out, result)
     return result
 
 
-def show(result: dict) -> None:
-    table = Table(title=f"{result['model']} on {result['preset']}: {result['steps']} steps x "
-                        f"{result['episodes_per_step']} episodes, seed {result['seed']}")
-    for column in ("", "held-out success", "games"):
-        table.add_column(column, justify="right")
-    for label, key in (("before", "val_success_before"), ("after", "val_success_after")):
-        value = result[key]
-        table.add_row(label, "-" if value is None else f"{100 * value:.1f}%", str(result["val_games"]))
-    Console().print(table)
-    print("train success / return by step:",
-          ", ".join(f"{s}: {0 if x is None else x:.2f}/{0 if r is None else r:.2f}"
-                    for s, x, r in result["train_curve"]))
-    if result["plot"]:
-        print(f"curve: {result['plot']}")
+# -- output --------------------------------------------------------------------------------------
+def percent(value: float | None) -> str:
+    return "-" if value is None else f"{100 * value:.1f}"
+
+
+def show(result: dict[str, Any]) -> None:
+    table = Table(title=(
+        f"{result['model']} on {result['preset']}: held-out greedy success (%) on "
+        f"{result['val_games']} games; {result['steps']} PPO steps x "
+        f"{result['episodes_per_step']} episodes"
+        + (f", SFT {result['sft_episodes']} episodes x {result['sft_epochs']} epochs"
+           if any(RECIPES[name].sft for name in result["recipes"]) else "")
+        + (f", <= {result['minutes']:g} min a run" if result["minutes"] else "")))
+    for column in ("recipe", "runs", "before", "after (mean)", "min-max", "std", "gain",
+                   "format err. after", "PPO steps", "train min/run", "wall min/run"):
+        table.add_column(column, justify="left" if column == "recipe" else "right",
+                         no_wrap=column == "recipe")
+    for row in result["summary"]:
+        table.add_row(escape(row["label"]), str(row["runs"]), percent(row["before"]),
+                      percent(row["after_mean"]),
+                      f"{percent(row['after_min'])}-{percent(row['after_max'])}",
+                      percent(row["after_std"]), f"{100 * row['gain']:+.1f}",
+                      percent(row["format_error_after"]),
+                      "-" if row["steps"] is None else f"{row['steps']:.1f}",
+                      f"{row['train_minutes']:.1f}", f"{row['wall_minutes']:.1f}")
+    for label, row in result["references"].items():
+        policy, _, variant = label.partition(" ")
+        table.add_row(f"[dim]{policy} policy {escape(variant)}[/dim]", "", "",
+                      percent(row["success"]), *[""] * 7)
+    console = Console()
+    console.width = console.width if console.is_terminal else TABLE_WIDTH
+    console.print(table)
+    print(f"plot: {result['plot']}")
+
+
+def plot(result: dict[str, Any], path: Path) -> Path:
+    """Bars of mean success after each recipe (error bars: min-max over seeds), ticks before."""
+    from matplotlib.figure import Figure
+
+    rows = result["summary"]
+    figure = Figure(figsize=(1.6 * len(rows) + 2.5, 3.8), layout="constrained")
+    axes = figure.add_subplot()
+    x = range(len(rows))
+    means = [100 * r["after_mean"] for r in rows]
+    errors = [[m - 100 * r["after_min"] for m, r in zip(means, rows)],
+              [100 * r["after_max"] - m for m, r in zip(means, rows)]]
+    axes.bar(x, means, yerr=errors, capsize=5, color="tab:blue", label="after (min-max)")
+    axes.scatter(x, [100 * r["before"] for r in rows], marker="_", s=600, color="black",
+                 zorder=3, label="before")
+    styles = {"random": ("tab:red", "--"), "oracle": ("tab:green", ":")}
+    for label, row in result["references"].items():
+        color, style = styles[label.split()[0]]
+        axes.axhline(100 * row["success"], color=color, linestyle=style, label=label)
+    axes.set_xticks(list(x), [r["label"].replace(" [", "\n[") for r in rows])
+    axes.set_ylabel(f"held-out greedy success % ({result['val_games']} games)")
+    axes.set_ylim(0, 105)
+    axes.set_title(f"{result['model']} on {result['preset']}, {result['seeds']} seed(s)")
+    axes.legend(fontsize="small", loc="center left", bbox_to_anchor=(1.0, 0.5))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    figure.savefig(path, dpi=100)
+    return path
 
 
 if __name__ == "__main__":
-    compare_main() if "--compare" in sys.argv else main()
+    main()

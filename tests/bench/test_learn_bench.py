@@ -1,0 +1,74 @@
+"""scripts/bench/learn.py with the tiny model: two recipes, one seed, one PPO step; the JSON's
+and the table's shape, a second call that reuses the finished runs, and refused settings."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "learn.py"
+SUMMARY_KEYS = {"label", "variant", "recipe", "runs", "before", "after_mean", "after_min", "after_max", "after_std",
+                "gain", "format_error_after", "train_minutes", "wall_minutes", "steps"}
+
+
+@pytest.fixture(scope="module")
+def bench():
+    spec = importlib.util.spec_from_file_location("agentrl_bench_learn", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up by name
+    spec.loader.exec_module(module)
+    yield module
+    sys.modules.pop(spec.name, None)
+
+
+def smoke_args(tmp_path, *extra):
+    return ["--recipes", "untrained", "sft_ppo", "--seeds", "1", "--steps", "1",
+            "--val-groups", "2", "--sft-episodes", "2", "--sft-epochs", "1",
+            "--run-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "learn.json"),
+            *extra, "model=tiny", "threads=1"]
+
+
+@pytest.mark.slow
+def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsys,
+                                                          one_torch_thread):
+    bench.main(smoke_args(tmp_path))
+    result = json.loads((tmp_path / "learn.json").read_text())
+    assert [row["recipe"] for row in result["summary"]] == ["untrained", "sft_ppo"]
+    for row in result["summary"]:
+        assert set(row) == SUMMARY_KEYS and row["runs"] == 1
+        assert 0 <= row["after_min"] <= row["after_mean"] <= row["after_max"] <= 1
+    assert set(result["references"]) == {"random", "oracle"}
+    assert result["references"]["oracle"]["success"] == 1.0
+    run = result["runs"]["sft_ppo"][0]
+    assert run["steps"] == 1 and [s["settings"].get("steps") for s in run["stages"]] == [None, 1]
+    assert run["after"]["episodes"] == 2 and len(run["after"]["success_ci95"]) == 2
+    # constrained decoding (both recipes): the tiny random model makes no format error
+    assert run["before"]["format_error"] == 0 and run["after_sft"]["format_error"] == 0
+    assert Path(result["plot"]).stat().st_size > 0
+    table = capsys.readouterr().out
+    for label in ("untrained", "sft_ppo", "random policy", "oracle policy", "before", "gain"):
+        assert label in table
+    assert not list((tmp_path / "runs").glob("*/seed_*/checkpoints"))  # pruned at the end
+
+    bench.main(smoke_args(tmp_path))  # the finished stages are read back, not run again
+    again = json.loads((tmp_path / "learn.json").read_text())
+    assert again["runs"] == result["runs"]
+    assert "eval after SFT" not in capsys.readouterr().err
+
+    with pytest.raises(ValueError, match="other settings"):
+        bench.main(smoke_args(tmp_path, "--sft-epochs", "2"))
+
+
+def test_recipes_and_budgets_are_checked(bench, capsys):
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--preset", bench.BANDIT, "--recipes", "sft"])
+    assert "allows --recipes untrained ppo" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--recipes", "dpo"])
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--minutes", "0"])
+    assert bench.parse_args([]).recipes == list(bench.RECIPES)
