@@ -654,11 +654,11 @@ class TrainConfig(Section):
             if value != allowed:
                 raise ValueError(f"{key}={value!r} is not allowed with backend='verl' (the local "
                                  f"engine only); allowed: {allowed!r}")
-        if self.algorithm.gamma_unit == "turn" and self.algorithm.adv_estimator == "gae":
-            raise ValueError("algorithm.gamma_unit='turn' is not allowed with backend='verl': "
-                             "verl computes GAE itself, per token, and its advantage registry "
-                             "gives an estimator no critic values to discount per turn; "
-                             "allowed: 'token' (keep algorithm.gamma: 1.0 there)")
+        if self.algorithm.gamma_unit == "turn" and self.algorithm.lam != 1.0:
+            raise ValueError(f"algorithm.lam={self.algorithm.lam} is not allowed with "
+                             "algorithm.gamma_unit='turn' on backend='verl': verl's GAE discounts "
+                             "per token, so the turn discount is carried by reshaped turn rewards, "
+                             "exact only with lam 1; allowed: 1.0")
         windowed = sorted(name for name in dict.fromkeys(self.train.presets + self.val.presets)
                           if self.agents[name].history_window > 0)
         if windowed:

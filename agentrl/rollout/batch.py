@@ -52,7 +52,7 @@ import torch
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["REWARD_PLACEMENTS", "TrainingSample", "constraint_tensors", "context_samples",
-           "kept_turns", "to_batch", "token_rewards"]
+           "discounted_turn_rewards", "kept_turns", "to_batch", "token_rewards"]
 
 REWARD_PLACEMENTS = ("turn", "last")
 
@@ -75,11 +75,26 @@ def turn_rewards(trajectory: Trajectory) -> list[float]:
     return [scale * reward + shift / n for reward in trajectory.turn_rewards]
 
 
-def token_rewards(trajectory: Trajectory, placement: str, length: int | None = None
-                  ) -> list[float]:
+def discounted_turn_rewards(rewards: Sequence[float], gamma: float) -> list[float]:
+    """Turn rewards whose *undiscounted* tails are the per-turn discounted returns.
+
+    With ``G_k = r_k + gamma * G_{k+1}`` (γ between turns, 1 within a reply), turn ``k`` gets
+    ``G_k - G_{k+1}``: the rewards from turn ``k`` on then sum to ``G_k``. So GAE with
+    ``gamma = lam = 1`` over them gives exactly the returns and advantages of GAE over turns
+    with ``lam = 1`` (the local engine's ``algorithm.gamma_unit: turn``). This is how verl, whose
+    GAE discounts per token and cannot be given a per-turn one, trains with a turn discount."""
+    returns = [0.0] * (len(rewards) + 1)
+    for k in range(len(rewards) - 1, -1, -1):
+        returns[k] = rewards[k] + gamma * returns[k + 1]
+    return [returns[k] - returns[k + 1] for k in range(len(rewards))]
+
+
+def token_rewards(trajectory: Trajectory, placement: str, length: int | None = None,
+                  turn_gamma: float = 1.0) -> list[float]:
     """One reward per token of ``trajectory.response_ids[:length]`` (all when ``None``), placed
     as the module docstring says; both trainers' rewards come from here. A turn whose last
-    model token lies beyond ``length`` counts for nothing (verl cuts responses to its width)."""
+    model token lies beyond ``length`` counts for nothing (verl cuts responses to its width).
+    ``turn_gamma < 1`` reshapes the turns' rewards with :func:`discounted_turn_rewards`."""
     if placement not in REWARD_PLACEMENTS:
         raise ValueError(f"unknown reward_placement {placement!r}; "
                          f"allowed: {REWARD_PLACEMENTS}")
@@ -88,13 +103,14 @@ def token_rewards(trajectory: Trajectory, placement: str, length: int | None = N
     kept = kept_turns(trajectory, length)
     if not kept:
         return rewards
-    last = kept[-1][0]
-    if placement == "turn":
-        for end, reward in kept:
-            rewards[end] += reward
-    else:
-        rewards[last] = (sum(reward for _, reward in kept) if trajectory.score is None
-                         else trajectory.score)
+    per_turn = [reward for _, reward in kept]
+    if placement == "last":
+        per_turn = [0.0] * (len(kept) - 1) + [
+            sum(per_turn) if trajectory.score is None else trajectory.score]
+    if turn_gamma != 1.0:
+        per_turn = discounted_turn_rewards(per_turn, turn_gamma)
+    for (end, _), reward in zip(kept, per_turn):
+        rewards[end] += reward
     return rewards
 
 

@@ -149,6 +149,10 @@ class EpisodeTask:
     """Prompt + response tokens of the whole episode at most."""
     reward_placement: str
     """``"turn"`` or ``"last"`` (see the module docstring)."""
+    turn_gamma: float = 1.0
+    """The discount between turns (``algorithm.gamma_unit: turn``); optional in a row, default 1:
+    the turns' rewards are reshaped so verl's GAE at γ = λ = 1 gives per-turn discounted
+    returns (:func:`agentrl.rollout.batch.discounted_turn_rewards`)."""
 
     @classmethod
     def from_extra_info(cls, extra_info: Any) -> EpisodeTask:
@@ -178,7 +182,12 @@ class EpisodeTask:
                              f"{config.history_window}; not allowed on verl (a reply must be "
                              "trained on the context it was sampled from, and verl trains one "
                              "row per episode); allowed: 0")
-        return cls(preset, seed, config, max_context, str(placement))
+        turn_gamma = extra_info.get("turn_gamma", 1.0)
+        number = isinstance(turn_gamma, (int, float, np.floating)) and not isinstance(turn_gamma, bool)
+        if not number or not 0.0 <= turn_gamma <= 1.0:
+            raise ValueError(f"{AGENT_NAME}: extra_info.turn_gamma={turn_gamma!r} is not "
+                             "allowed; allowed: a number in [0, 1]")
+        return cls(preset, seed, config, max_context, str(placement), float(turn_gamma))
 
 
 def row_index(extra_info: Any) -> int | None:
@@ -397,7 +406,8 @@ class GameAgentLoopOutput(AgentLoopOutput):
 
 
 def episode_output(trajectory: Trajectory, *, response_length: int, reward_placement: str,
-                   with_logprobs: bool, server_fields: Mapping[str, Any] | None = None,
+                   with_logprobs: bool, turn_gamma: float = 1.0,
+                   server_fields: Mapping[str, Any] | None = None,
                    num_preempted: int = -1, budget_exhausted: bool = False,
                    index: int | None = None) -> GameAgentLoopOutput:
     """verl's output record of one episode (see the module docstring). ``extra_fields``
@@ -408,7 +418,7 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
     of a cut final reply) and to ``response_length``.
     """
     end = min(response_length, trajectory.turn_end_positions[-1] + 1)
-    rewards = token_rewards(trajectory, reward_placement, end)
+    rewards = token_rewards(trajectory, reward_placement, end, turn_gamma=turn_gamma)
     outcome = trajectory.outcome()
     if budget_exhausted:  # on verl the response budget is the context that ran out
         outcome.metrics["context_exhausted"] = 1.0
@@ -476,7 +486,7 @@ class GameAgentLoop(AgentLoopBase):
                                f"{budget.used}; run_episode's token rules changed")
         return episode_output(
             trajectory, response_length=rollout.response_length,
-            reward_placement=task.reward_placement,
+            reward_placement=task.reward_placement, turn_gamma=task.turn_gamma,
             with_logprobs=bool(sampling_params.get("logprobs")), server_fields=llm.server_fields,
             num_preempted=llm.num_preempted, budget_exhausted=budget.exhausted,
             index=row_index(kwargs.get("extra_info")))

@@ -28,7 +28,8 @@ A row (the contract with the AgentLoop)::
      "extra_info": {"index": i, "preset": preset, "seed": seed, "split": "train" | "val",
                     "agent_config": json of dataclasses.asdict(AgentConfig),
                     "max_context_tokens": rollout.max_context_tokens,
-                    "reward_placement": rollout.reward_placement}}
+                    "reward_placement": rollout.reward_placement,
+                    "turn_gamma": algorithm.gamma with gamma_unit: turn, else 1.0}}
 
 - ``prompt`` is what the episode really opens with, so verl's prompt-length checks and metrics
   see real lengths. Making it resets each game once: TextWorld games are generated here (in
@@ -66,13 +67,15 @@ Presets = Mapping[str, AgentConfig] | Sequence[tuple[str, AgentConfig]]
 
 
 def task_rows(presets: Presets, seeds: Iterable[int], split: str, *, max_context_tokens: int,
-              reward_placement: str, first_index: int = 0) -> list[dict[str, Any]]:
+              reward_placement: str, turn_gamma: float = 1.0, first_index: int = 0
+              ) -> list[dict[str, Any]]:
     """One row per seed: row ``i`` plays preset ``i % len(presets)`` (as group ``i`` of a step).
 
     ``first_index`` numbers the rows (``extra_info.index``) after rows written before them.
     """
     return _rows(_cycle(presets, seeds), split, max_context_tokens=max_context_tokens,
-                 reward_placement=reward_placement, first_index=first_index)
+                 reward_placement=reward_placement, turn_gamma=turn_gamma,
+                 first_index=first_index)
 
 
 def train_tasks(config: TrainConfig) -> list[dict[str, Any]]:
@@ -134,14 +137,14 @@ def _cycle(presets: Presets, seeds: Iterable[int]) -> list[Game]:
 
 
 def _rows(games: list[Game], split: str, *, max_context_tokens: int, reward_placement: str,
-          first_index: int = 0) -> list[dict[str, Any]]:
+          turn_gamma: float = 1.0, first_index: int = 0) -> list[dict[str, Any]]:
     """The rows of ``games``; each game is reset once for its opening chat."""
     configs = {name: config for name, config, _ in games}
     agents = {name: Agent(config) for name, config in configs.items()}
     try:
         _pregenerate(agents, games)
         return [_row(first_index + i, name, config, agents[name].reset(seed=seed), seed, split,
-                     max_context_tokens, reward_placement)
+                     max_context_tokens, reward_placement, turn_gamma)
                 for i, (name, config, seed) in enumerate(games)]
     finally:
         for agent in agents.values():
@@ -149,7 +152,8 @@ def _rows(games: list[Game], split: str, *, max_context_tokens: int, reward_plac
 
 
 def _row(index: int, preset: str, config: AgentConfig, prompt: list[dict], seed: int,
-         split: str, max_context_tokens: int, reward_placement: str) -> dict[str, Any]:
+         split: str, max_context_tokens: int, reward_placement: str, turn_gamma: float = 1.0
+         ) -> dict[str, Any]:
     return {
         "data_source": preset,
         "agent_name": AGENT_NAME,
@@ -159,6 +163,7 @@ def _row(index: int, preset: str, config: AgentConfig, prompt: list[dict], seed:
             "index": index, "preset": preset, "seed": int(seed), "split": split,
             "agent_config": json.dumps(dataclasses.asdict(config), sort_keys=True),
             "max_context_tokens": max_context_tokens, "reward_placement": reward_placement,
+            "turn_gamma": float(turn_gamma),
         },
     }
 
@@ -173,8 +178,10 @@ def _capped(config: TrainConfig, names: Iterable[str], max_new_tokens: int
 
 
 def _episode_settings(config: TrainConfig) -> dict[str, Any]:
+    algorithm = config.algorithm
     return {"max_context_tokens": config.rollout.max_context_tokens,
-            "reward_placement": config.rollout.reward_placement}
+            "reward_placement": config.rollout.reward_placement,
+            "turn_gamma": algorithm.gamma if algorithm.gamma_unit == "turn" else 1.0}
 
 
 def _pregenerate(agents: Mapping[str, Agent], games: list[Game]) -> None:

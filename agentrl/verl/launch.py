@@ -165,7 +165,8 @@ def _algorithm(config: TrainConfig) -> dict[str, Any]:
     a = config.algorithm
     return {
         "algorithm.adv_estimator": a.adv_estimator,
-        "algorithm.gamma": a.gamma,
+        # gamma_unit turn: the turns' rewards carry the discount (agentrl.verl.data, turn_gamma)
+        "algorithm.gamma": 1.0 if a.gamma_unit == "turn" else a.gamma,
         "algorithm.lam": a.lam,
         "algorithm.use_kl_in_reward": a.use_kl_in_reward,
         "algorithm.kl_penalty": a.kl_penalty,

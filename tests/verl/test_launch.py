@@ -239,7 +239,8 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
     ([*GPU, "verl.trainer=v2"], r"verl.trainer='v2' is not allowed; allowed: \['legacy', 'v1'\]"),
     ([*GPU, "verl.overrides=[no_equals_sign]"], r"verl.overrides=.* is not allowed.*'key=value'"),
     ([*GPU, "verl.n_gpus=8"], r"unknown key 'verl.n_gpus'"),
-    ([*GPU, "algorithm.gamma_unit=turn"], r"gamma_unit='turn' is not allowed with backend='verl'"),
+    ([*GPU, "algorithm.gamma_unit=turn", "algorithm.lam=0.95"],
+     r"algorithm.lam=0.95 is not allowed with algorithm.gamma_unit=.turn. on backend=.verl."),
     ([*GPU, "train.presets=[simpleSokobanAgent]", "agents.simpleSokobanAgent.history_window=2"],
      r"agents.simpleSokobanAgent.history_window=2 is not allowed with backend='verl'.*context"),
 ])
