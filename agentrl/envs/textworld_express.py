@@ -184,6 +184,9 @@ class TextWorldExpressEnv(TextGameEnv):
         self.game_name = settings["game_name"]
         self.params = settings["params"]
         self.show_admissible = show_admissible
+        if self.game_name == "twc":  # taking a put-away item back out loses its share of the score
+            items = dict(pair.split("=") for pair in self.params.split(",") if pair)
+            self.worst_legal_reward = -1.0 / max(1, int(items.get("numItemsToPutAway", 1)))
         self.game_seed: int | None = None
         self._server = None  # started on the first reset: building an env stays cheap
         self._fold_seeds: dict[str, list[int]] = {}
