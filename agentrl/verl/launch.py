@@ -9,7 +9,8 @@
 
 What runs is verl's own trainer, unchanged (``python -m verl.trainer.main_ppo <overrides>``):
 PPO with a critic and GAE (``algorithm.*``; ``gamma`` 1 by default, because GAE discounts per
-generated token), FSDP actor and critic, vLLM in async mode with our AgentLoop
+generated token; ``algorithm.gamma_unit=turn`` sets it to 1 and discounts through the turns'
+rewards instead), FSDP actor and critic, vLLM in async mode with our AgentLoop
 (:mod:`agentrl.verl.agent_loop`, whose own :func:`~agentrl.verl.agent_loop.verl_overrides` say
 how verl finds it, ``trainer.use_v1`` included), greedy validation (``rollout.val_kwargs``,
 temperature 0) on the held-out task file, console and WandB loggers, checkpoints every
