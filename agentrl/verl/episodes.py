@@ -21,6 +21,7 @@ from typing import Any
 
 from agentrl.rollout.episode_record import sample_episodes, sample_line
 from agentrl.trainers.episode_log import EpisodeLog
+from agentrl.verl.metrics import verl_run_outputs
 
 __all__ = ["LOG_EPISODES_KEY", "VerlEpisodeLog", "unpadded_records"]
 
@@ -63,12 +64,9 @@ class VerlEpisodeLog:
 
     @classmethod
     def for_verl(cls, config: Any) -> VerlEpisodeLog:
-        trainer = config.trainer
-        local_dir = trainer.get("default_local_dir")
-        loggers = list(trainer.get("logger") or [])
-        return cls(Path(str(local_dir)).parent if local_dir else None,
-                   int(trainer.get(LOG_EPISODES_KEY, DEFAULT_LOG_EPISODES)),
-                   use_wandb="wandb" in loggers, console="console" in loggers)
+        run_dir, outputs = verl_run_outputs(config)
+        return cls(run_dir, int(config.trainer.get(LOG_EPISODES_KEY, DEFAULT_LOG_EPISODES)),
+                   **outputs)
 
     def log_batch(self, records: Iterable[Mapping[str, Any] | None] | None,
                   infos: Iterable[Mapping[str, Any] | None] | None,

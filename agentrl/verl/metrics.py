@@ -43,7 +43,7 @@ from agentrl.trainers.tracking import (
     summary_line,
 )
 
-__all__ = ["SPLITS", "EpisodeMetricsLog", "batch_metrics", "episode_outcomes"]
+__all__ = ["SPLITS", "EpisodeMetricsLog", "batch_metrics", "episode_outcomes", "verl_run_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -82,6 +82,16 @@ def batch_metrics(outcomes: list[EpisodeOutcome], split: str) -> dict[str, float
     return metrics
 
 
+def verl_run_outputs(config: Any) -> tuple[Path | None, dict[str, bool]]:
+    """Our run folder (the parent of verl's checkpoint folder) and where else a verl run with
+    ``config`` (verl's composed config) reports: ``use_wandb`` and ``console``."""
+    trainer = config.trainer
+    local_dir = trainer.get("default_local_dir")
+    loggers = list(trainer.get("logger") or [])
+    return (Path(str(local_dir)).parent if local_dir else None,
+            {"use_wandb": "wandb" in loggers, "console": "console" in loggers})
+
+
 class EpisodeMetricsLog:
     """Writes the metrics of each batch of episodes (see the module docstring).
 
@@ -100,11 +110,8 @@ class EpisodeMetricsLog:
     @classmethod
     def for_verl(cls, config: Any) -> EpisodeMetricsLog:
         """The log of a verl run with ``config`` (verl's composed config)."""
-        trainer = config.trainer
-        local_dir = trainer.get("default_local_dir")
-        loggers = list(trainer.get("logger") or [])
-        return cls(Path(str(local_dir)).parent if local_dir else None,
-                   use_wandb="wandb" in loggers, console="console" in loggers)
+        run_dir, outputs = verl_run_outputs(config)
+        return cls(run_dir, **outputs)
 
     def log_batch(self, infos: Iterable[Mapping[str, Any] | None] | None,
                   meta_info: Mapping[str, Any], per_row: int) -> dict[str, float]:
