@@ -37,3 +37,28 @@ def tiny():
     from agentrl.models import load_model
 
     return load_model("tiny")
+
+
+@pytest.fixture(scope="module")
+def load_script():
+    """``load_script("scripts/bench/rollout.py")``: a script of the repository imported as a
+    module (registered by name while the test module runs: dataclasses look their module up)."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    names = []
+
+    def load(relative: str):
+        name = "agentrl_script_" + Path(relative).stem
+        spec = importlib.util.spec_from_file_location(name, root / relative)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        names.append(name)
+        spec.loader.exec_module(module)
+        return module
+
+    yield load
+    for name in names:
+        sys.modules.pop(name, None)

@@ -2,26 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
-
 import pytest
 
 from agentrl.agents import load_agent_presets
 
-SCRIPT = Path(__file__).resolve().parents[1] / "scripts" / "envs_table.py"
 CHECK_SEEDS = 20
 CHECK_TEXTWORLD_SEEDS = 3
 
 
 @pytest.fixture(scope="module")
-def table_script():
-    spec = importlib.util.spec_from_file_location("agentrl_envs_table", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    return module
+def table_script(load_script):
+    return load_script("scripts/envs_table.py")
 
 
 @pytest.fixture(scope="module")

@@ -3,26 +3,18 @@ and the table's shape, a second call that reuses the finished runs, and refused 
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import sys
 from pathlib import Path
 
 import pytest
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "learn.py"
 SUMMARY_KEYS = {"label", "variant", "recipe", "runs", "before", "after_mean", "after_min", "after_max", "after_std",
                 "gain", "format_error_after", "train_minutes", "wall_minutes", "steps"}
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("agentrl_bench_learn", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def bench(load_script):
+    return load_script("scripts/bench/learn.py")
 
 
 def smoke_args(tmp_path, *extra):

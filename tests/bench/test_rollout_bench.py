@@ -3,10 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
-import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,20 +12,14 @@ from agentrl.engines import SamplingParams
 from agentrl.models import end_of_turn_ids, load_tokenizer
 from agentrl.rollout import first_prompt_ids
 
-SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "rollout.py"
 MODE_KEYS = {"episodes", "turns", "reply_tokens", "wall_s", "episodes_per_s",
              "model_critical_path_s", "model_compute_s", "overhead_s", "overhead_share",
              "startup_s", "cpu_s", "cpu_over_wall"}
 
 
 @pytest.fixture(scope="module")
-def bench():
-    spec = importlib.util.spec_from_file_location("agentrl_bench_rollout", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up by name
-    spec.loader.exec_module(module)
-    yield module
-    sys.modules.pop(spec.name, None)
+def bench(load_script):
+    return load_script("scripts/bench/rollout.py")
 
 
 @pytest.fixture(scope="module")
