@@ -422,8 +422,7 @@ class LocalTrainer:
         mask = batch["response_mask"].float()
         n = batch["responses"].shape[0]
         first_pass_is_old = self._first_pass_is_old(n)
-        one_row_per_episode = len(torch.unique(batch["episode_index"])) == n
-        critic_pass_values = self._critic_pass_gives_values(n) and one_row_per_episode
+        critic_pass_values = self._critic_pass_gives_values(n, batch["episode_index"])
         scored = self._score(batch, timer, old_logprobs=not first_pass_is_old,
                              values=not critic_pass_values)
         with timer("advantages"):
@@ -493,18 +492,21 @@ class LocalTrainer:
             gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             episode_index=episode_index, gamma_unit=algo.gamma_unit)
 
-    def _critic_pass_gives_values(self, n: int) -> bool:
+    def _critic_pass_gives_values(self, n: int, episode_index: torch.Tensor | None = None
+                                  ) -> bool:
         """Whether a critic with its own backbone updates in one pass over one mini-batch of the
         ``n`` trajectories. Its forward then runs at the old weights, so that pass's detached
         values are the ones GAE needs, and a separate no-grad values pass would compute them
         again. A trajectory's returns depend on its own values and rewards only, so the update
         computes them micro-batch by micro-batch; the batch's (whitened) advantages follow it.
-        Only when every episode is one row (:meth:`_update` checks): an episode split into
-        context windows needs its later rows' values for its returns."""
+        Only when every episode is one row (``episode_index`` unique, when given): an episode
+        split into context windows needs its later rows' values for its returns."""
         config = self.config
         epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
-        return (self.critic is not None and not self.critic.shared and epochs == 1
-                and (config.actor.ppo_mini_batch_size or n) >= n)
+        one_row_per_episode = (episode_index is None
+                               or len(torch.unique(episode_index)) == len(episode_index))
+        return (one_row_per_episode and self.critic is not None and not self.critic.shared
+                and epochs == 1 and (config.actor.ppo_mini_batch_size or n) >= n)
 
     def _critic_update(self, batch, timer: StageTimer, clip: float) -> tuple[dict[str, float], int]:
         config = self.config

@@ -45,7 +45,7 @@ def test_first_pass_old_logprobs_and_values_give_the_same_update(tmp_path, monke
     fast = one_step(tmp_path / "fast", critic)
     with monkeypatch.context() as patch:
         patch.setattr(LocalTrainer, "_first_pass_is_old", lambda self, n: False)
-        patch.setattr(LocalTrainer, "_critic_pass_gives_values", lambda self, n: False)
+        patch.setattr(LocalTrainer, "_critic_pass_gives_values", lambda self, n, *rest: False)
         slow = one_step(tmp_path / "slow", critic)
     assert fast["metrics"]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1 in that pass
     for role in ("actor", "critic") if "critic" in fast else ("actor",):
