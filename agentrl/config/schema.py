@@ -213,7 +213,17 @@ class TrainGroupsConfig(Section):
     group_size: int = setting(4, at_least(1), "an integer >= 1")
     """Episodes per group: all play the same game (same preset and seed)."""
     total_steps: int = setting(10, at_least(1), "an integer >= 1")
-    """Training steps (one rollout + one PPO update each)."""
+    """Training steps (one rollout + one PPO update each; the warm start's steps count)."""
+    sft_steps: int = setting(0, at_least(0), "an integer >= 0")
+    """The first N steps are supervised updates on oracle play (the ``sft`` section: one
+    mini-batch of demonstrations each), a warm start inside the run; 0 = PPO from step 1."""
+
+    def __post_init__(self):
+        super().__post_init__()
+        if self.sft_steps > self.total_steps:
+            raise ValueError(f"train.sft_steps={self.sft_steps} is not allowed: it exceeds "
+                             f"train.total_steps={self.total_steps}; allowed: an integer in "
+                             f"[0, {self.total_steps}]")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -649,6 +659,7 @@ class TrainConfig(Section):
             "critic.share_backbone": (self.critic.share_backbone, False),
             "critic.value_clip_scale": (self.critic.value_clip_scale, "absolute"),
             "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
+            "train.sft_steps": (self.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`
         }
         for key, (value, allowed) in unsupported.items():
             if value != allowed:

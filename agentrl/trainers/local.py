@@ -75,9 +75,10 @@ from agentrl.trainers.guards import (
     all_finite, collapse_metrics, logprob_gap, warn_if_entropy_collapsed,
 )
 from agentrl.trainers.microbatch import micro_rows, pad_responses
-from agentrl.trainers.plots import plot_learning_curves
+from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.policy import ValueModel, checkpointing, response_logprobs
 from agentrl.trainers.tracking import RunTracker
+from agentrl.trainers.warm_start import WarmStart
 
 __all__ = ["LocalTrainer", "RunResult", "StageTimer"]
 
@@ -155,6 +156,8 @@ class LocalTrainer:
                                prefix_cache_tokens=config.rollout.prefix_cache_tokens,
                                compute_dtype=self.compute_dtype)
         self.loop = asyncio.new_event_loop()
+        self.warm_start = (WarmStart(config, self.actor, self.tokenizer, self.loop,
+                                     self.pad_token_id) if config.train.sft_steps else None)
         self.step = 0
         self.episode_samples: list[dict[str, Any]] = []
         """Episode records of the step being run (``trainer.log_episodes`` per split)."""
@@ -250,7 +253,10 @@ class LocalTrainer:
                     break
         plot = None
         if config.trainer.plot and (run_dir / "metrics.jsonl").exists():
-            plot = plot_learning_curves(run_dir / "metrics.jsonl", run_dir / "learning_curves.png")
+            references = reference_success(run_dir, list(self.val_presets),
+                                           config.val.group_num)
+            plot = plot_learning_curves(run_dir / "metrics.jsonl", run_dir / "learning_curves.png",
+                                        references=references)
         return RunResult(run_dir=run_dir, run_id=tracker.run_id, step=self.step,
                          checkpoint=last_saved, metrics=run_dir / "metrics.jsonl", plot=plot)
 
@@ -310,9 +316,17 @@ class LocalTrainer:
 
     # -- one step ----------------------------------------------------------------------------------
     def train_step(self, step: int) -> dict[str, float]:
-        """Run the stages of one PPO step and return its metrics."""
+        """Run the stages of one step and return its metrics: an SFT update for the first
+        ``train.sft_steps`` steps (:mod:`agentrl.trainers.warm_start`), PPO after them."""
         config, timer = self.config, StageTimer()
         metrics: dict[str, float] = {}
+        if step <= config.train.sft_steps:
+            with timer("sft"):
+                metrics.update(self.warm_start.step(step))
+            if step == config.train.sft_steps:
+                self.warm_start.close()
+            metrics.update(timer.metrics())
+            return metrics
         with timer("rollout"):
             trajectories = self._rollout(self.train_presets, train_seeds(
                 step, config.train.group_num, config.seed), config.train.group_size,

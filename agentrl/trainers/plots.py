@@ -8,7 +8,10 @@ Panels, each drawn only when the run logged one of its keys:
   (``val/<preset>/success``, at the steps validation ran) with its 95% Wilson interval as a
   band (from ``val/<preset>/episodes``: 32 games leave about +-17 points around 50%, so two
   points of a curve closer than the band are not told apart);
-- loss (``actor/pg_loss``, ``critic/vf_loss``), KL (``actor/kl``, ``actor/ppo_kl``,
+- reference lines in the validation panel: the random and the oracle policy's success per
+  preset on the run's own validation seeds (``references``: :func:`reference_success`, dashed
+  and dotted in the preset's colour), so a curve reads against luck and against the best play;
+- loss (``actor/pg_loss``, ``critic/vf_loss``, the warm start's ``sft/loss``), KL (``actor/kl``, ``actor/ppo_kl``,
   ``actor/kl_loss``), entropy (``actor/entropy``).
 
 A run with none of them still gets a PNG saying so, so the end of a run never fails on a plot.
@@ -29,7 +32,12 @@ from matplotlib.figure import Figure
 from agentrl.stats import wilson_interval
 from agentrl.trainers.tracking import matching_keys, read_metrics
 
-__all__ = ["PANELS", "plot_learning_curves", "success_band"]
+__all__ = ["PANELS", "REFERENCES_FILE", "plot_learning_curves", "reference_success",
+           "success_band"]
+
+REFERENCES_FILE = "references.json"
+"""Beside metrics.jsonl: the reference policies' success, played once per run."""
+REFERENCE_STYLES = {"random": ":", "oracle": "--"}
 
 # (title, key patterns, per preset): per-preset panels are success rates in [0, 1], one line per
 # preset labelled by its name; the others have one line per key.
@@ -39,7 +47,7 @@ BAND_ALPHA = 0.2
 PANELS = (
     ("train success", ("train/*/success",), True),
     ("validation success", ("val/*/success",), True),
-    ("loss", ("actor/pg_loss", "critic/vf_loss"), False),
+    ("loss", ("actor/pg_loss", "critic/vf_loss", "sft/loss"), False),
     ("KL", ("actor/kl", "actor/ppo_kl", "actor/kl_loss"), False),
     ("entropy", ("actor/entropy",), False),
 )
@@ -48,8 +56,11 @@ MAX_COLUMNS = 3
 
 
 def plot_learning_curves(metrics_jsonl: str | Path, out_png: str | Path, *,
-                         title: str | None = None) -> Path:
-    """Draw the panels of ``PANELS`` that have data into ``out_png``; returns its path."""
+                         title: str | None = None,
+                         references: dict[str, dict[str, float]] | None = None) -> Path:
+    """Draw the panels of ``PANELS`` that have data into ``out_png``; returns its path.
+    ``references``: ``{preset: {"random": success, "oracle": success}}`` for the validation
+    panel."""
     records = read_metrics(metrics_jsonl)
     keys = {k for record in records for k in record}
     panels = [(name, [k for p in patterns for k in matching_keys(keys, p)], per_preset)
@@ -73,6 +84,11 @@ def plot_learning_curves(metrics_jsonl: str | Path, out_png: str | Path, *,
                 if band_steps:
                     axes.fill_between(band_steps, low, high, color=line.get_color(),
                                       alpha=BAND_ALPHA, linewidth=0)
+                preset = key.split("/")[1]
+                for policy, success in (references or {}).get(preset, {}).items():
+                    axes.axhline(success, color=line.get_color(), linewidth=1,
+                                 linestyle=REFERENCE_STYLES.get(policy, "-."),
+                                 label=f"{preset} {policy}")
         axes.set_title(name)
         axes.set_xlabel("step")
         axes.grid(alpha=0.3)
@@ -81,6 +97,25 @@ def plot_learning_curves(metrics_jsonl: str | Path, out_png: str | Path, *,
         if per_preset or len(panel_keys) > 1:
             axes.legend(fontsize="small")
     return _save(figure, Path(out_png))
+
+
+def reference_success(run_dir: Path, presets: list[str], groups: int
+                      ) -> dict[str, dict[str, float]]:
+    """The random and oracle policies' success per preset on the first ``groups`` validation
+    seeds, played once and kept in ``run_dir/references.json`` (a resumed run reads it)."""
+    import json
+
+    from agentrl.report.data import played_references
+
+    path = run_dir / REFERENCES_FILE
+    if path.exists():
+        stored = json.loads(path.read_text())
+        if stored.get("groups") == groups and set(presets) <= set(stored["presets"]):
+            return stored["presets"]
+    played = {preset: {policy: row["success"] for policy, row in policies.items()}
+              for preset, policies in played_references(presets, groups).items()}
+    path.write_text(json.dumps({"groups": groups, "presets": played}, indent=1))
+    return played
 
 
 def success_band(records: list[dict[str, Any]], success_key: str

@@ -62,6 +62,7 @@ from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.local import _device
 from agentrl.trainers.microbatch import micro_rows
 from agentrl.trainers.policy import backbone_of
+from agentrl.trainers.warm_start import update_rows
 
 __all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients", "loss_mask",
            "masked_logprobs"]
@@ -225,29 +226,25 @@ class SFTTrainer:
         sft = self.config.sft
         batch = to_batch(trajectories, self.pad_token_id)
         n = len(trajectories)
-        generator = torch.Generator().manual_seed(self.config.seed)
         losses: list[float] = []
         total = sft.epochs * math.ceil(n / sft.mini_batch_size)
         with tqdm(total=total, desc="sft", unit="update") as bar:
-            for _ in range(sft.epochs):
-                order = torch.randperm(n, generator=generator)
-                for start in range(0, n, sft.mini_batch_size):
-                    self.optim.zero_grad(set_to_none=True)
-                    loss = accumulate_gradients(self.model, batch,
-                                                order[start:start + sft.mini_batch_size],
-                                                sft.micro_batch_size)
-                    norm = torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip)
-                    if math.isfinite(loss) and torch.isfinite(norm):
-                        self.optim.step()
-                    else:
-                        log.warning("non-finite SFT loss or gradient: update skipped")
-                    losses.append(loss)
-                    bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
-                    bar.update(1)
-                    if deadline is not None and time.monotonic() >= deadline:
-                        log.info("SFT stopped at its deadline after %d updates", len(losses))
-                        self.llm.clear_prefix_cache()
-                        return losses
+            for update in range(total):
+                rows = update_rows(n, sft.mini_batch_size, self.config.seed, update)
+                self.optim.zero_grad(set_to_none=True)
+                loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size)
+                norm = torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip)
+                if math.isfinite(loss) and torch.isfinite(norm):
+                    self.optim.step()
+                else:
+                    log.warning("non-finite SFT loss or gradient: update skipped")
+                losses.append(loss)
+                bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
+                bar.update(1)
+                if deadline is not None and time.monotonic() >= deadline:
+                    log.info("SFT stopped at its deadline after %d updates", len(losses))
+                    self.llm.clear_prefix_cache()
+                    return losses
         self.llm.clear_prefix_cache()
         return losses
 

@@ -68,7 +68,7 @@ import yaml
 
 import agentrl
 from agentrl.config import TrainConfig
-from agentrl.trainers.plots import plot_learning_curves
+from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.tracking import METRICS_FILE
 from agentrl.verl import preflight
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
@@ -475,7 +475,10 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     returncode = subprocess.run(command, env=env, check=False).returncode
     metrics = config.run_dir / METRICS_FILE  # our metrics, written by the AgentLoop's manager
     if config.trainer.plot and metrics.exists():
-        plot = plot_learning_curves(metrics, config.run_dir / "learning_curves.png")
+        references = reference_success(config.run_dir, list(config.val.presets),
+                                       config.val.group_num)
+        plot = plot_learning_curves(metrics, config.run_dir / "learning_curves.png",
+                                    references=references)
         print(f"metrics: {metrics}\nlearning curves: {plot}", flush=True)
     return returncode
 

@@ -240,3 +240,31 @@ def test_validation_success_has_a_95_percent_band(tmp_path):
               for path in (plain, banded)]
     assert images[0].shape == images[1].shape
     assert (images[0] != images[1]).any(axis=-1).mean() > 0.01  # the band is drawn
+
+
+def test_validation_panel_draws_random_and_oracle_reference_lines(tmp_path):
+    import matplotlib.image
+
+    path = tmp_path / "metrics.jsonl"
+    path.write_text("".join(json.dumps({"step": s, "val/sokoban/success": 0.5}) + "\n"
+                            for s in (0, 4, 8)))
+    bare = matplotlib.image.imread(plot_learning_curves(path, tmp_path / "bare.png"))
+    lined = matplotlib.image.imread(plot_learning_curves(
+        path, tmp_path / "lined.png", references={"sokoban": {"random": 0.18, "oracle": 1.0}}))
+    changed_rows = (bare != lined).any(axis=-1).any(axis=-1)
+    assert changed_rows.mean() > 0.02  # lines across the panel at other heights than 0.5
+
+
+def test_references_are_played_on_the_validation_seeds_once_per_run(tmp_path):
+    from agentrl.trainers.plots import REFERENCES_FILE, reference_success
+
+    first = reference_success(tmp_path, ["tightSokobanAgent"], groups=8)
+    assert first["tightSokobanAgent"]["oracle"] == 1.0
+    assert 0.0 <= first["tightSokobanAgent"]["random"] < 1.0
+    stored = json.loads((tmp_path / REFERENCES_FILE).read_text())
+    stored["presets"]["tightSokobanAgent"]["random"] = 0.123  # a resumed run reads the file
+    (tmp_path / REFERENCES_FILE).write_text(json.dumps(stored))
+    assert reference_success(tmp_path, ["tightSokobanAgent"], groups=8)[
+        "tightSokobanAgent"]["random"] == 0.123
+    assert reference_success(tmp_path, ["tightSokobanAgent"], groups=4)[
+        "tightSokobanAgent"]["random"] != 0.123  # other seeds: played again

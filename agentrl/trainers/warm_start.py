@@ -1,0 +1,94 @@
+"""Supervised steps at the start of a PPO run (``train.sft_steps``): the warm start in the loop.
+
+    warm = WarmStart(config, model, tokenizer, loop)
+    metrics = warm.step(step)      # steps 1..train.sft_steps: one SFT update each
+    warm.close()                   # frees its optimizer before PPO begins
+
+``agentrl sft`` is the warm start as its own command, with a checkpoint that a later ``agentrl
+train`` starts from. Here the same updates are the first steps of one run: validation before
+the first step measures the untouched model, every step after is logged, saved and resumed
+like a PPO step, and the curve shows the whole rise.
+
+Step ``k`` is mini-batch ``k`` of the oracle's demonstrations (``sft.episodes`` of
+``sft.presets``, played once on first use): epoch ``e`` visits them in the order
+``randperm(n)`` seeded by ``seed + e``, so a resumed run takes the same mini-batches it would
+have taken (``sft.epochs`` is not read: the steps set how many passes there are). The loss and
+its exact accumulation are :func:`agentrl.trainers.sft.accumulate_gradients`. The AdamW of
+these steps (``sft.lr``) is its own and is not checkpointed: a run resumed inside the warm
+start restarts its moments, never its weights.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from agentrl.rollout import to_batch
+from agentrl.rollout.demonstrations import demonstration_seeds, play_demonstrations
+
+__all__ = ["WarmStart", "update_rows"]
+
+log = logging.getLogger("agentrl.warm_start")
+
+
+def update_rows(n: int, mini_batch_size: int, seed: int, update: int) -> torch.Tensor:
+    """The demonstrations (row indices) of SFT update ``update`` (from 0) over ``n`` of them:
+    consecutive mini-batches of one seeded shuffle per epoch (the last one may be short)."""
+    per_epoch = math.ceil(n / mini_batch_size)
+    epoch, index = divmod(update, per_epoch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+    return order[index * mini_batch_size:(index + 1) * mini_batch_size]
+
+
+class WarmStart:
+    """The SFT updates of a run's first ``train.sft_steps`` steps, on ``model`` in place."""
+
+    def __init__(self, config: Any, model: Any, tokenizer: Any, loop: Any, pad_token_id: int):
+        self.config, self.model, self.tokenizer, self.loop = config, model, tokenizer, loop
+        self.pad_token_id = pad_token_id
+        self.params = [p for p in model.parameters() if p.requires_grad]
+        self.optim = torch.optim.AdamW(self.params, lr=config.sft.lr,
+                                       weight_decay=config.sft.weight_decay, fused=True)
+        self._batch: dict[str, torch.Tensor] | None = None
+
+    def demonstrations(self) -> dict[str, torch.Tensor]:
+        """The oracle's episodes as one batch, played on first use."""
+        if self._batch is None:
+            config = self.config
+            presets = config.playing_presets(config.sft_presets, config.rollout.max_new_tokens)
+            kept = self.loop.run_until_complete(play_demonstrations(
+                presets, self.tokenizer, demonstration_seeds(config.sft.episodes),
+                max_context_tokens=config.rollout.max_context_tokens,
+                max_new_tokens=config.rollout.max_new_tokens,
+                random_action_share=config.sft.random_action_share, seed=config.seed))
+            if not kept:
+                raise ValueError("no demonstration was kept: every episode had a random turn "
+                                 "and ended unsolved; lower sft.random_action_share")
+            self._batch = to_batch(kept, self.pad_token_id)
+        return self._batch
+
+    def step(self, step: int) -> dict[str, float]:
+        """SFT update ``step`` (from 1); returns its ``sft/*`` metrics."""
+        from agentrl.trainers.sft import accumulate_gradients
+
+        sft = self.config.sft
+        batch = self.demonstrations()
+        n = batch["responses"].shape[0]
+        rows = update_rows(n, sft.mini_batch_size, self.config.seed, step - 1)
+        self.optim.zero_grad(set_to_none=True)
+        loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size)
+        norm = float(torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip))
+        if math.isfinite(loss) and math.isfinite(norm):
+            self.optim.step()
+        else:
+            log.warning("non-finite SFT loss or gradient at step %d: update skipped", step)
+        return {"sft/loss": loss, "sft/grad_norm": norm, "sft/lr": sft.lr,
+                "sft/epoch": step / math.ceil(n / sft.mini_batch_size)}
+
+    def close(self) -> None:
+        """Free the optimizer's moments and the demonstrations (PPO needs the memory)."""
+        self.optim = None
+        self._batch = None
