@@ -82,6 +82,7 @@ SUMMARY_FIELDS = (
     ("train/*/success", "success {preset}"),
     ("val/*/success", "val {preset}"),
     ("train/*/return", "return {preset}"),
+    ("sft/loss", "sft_loss"),
     ("actor/pg_loss", "pg_loss"),
     ("critic/vf_loss", "vf_loss"),
     ("actor/ppo_kl", "ppo_kl"),
