@@ -20,8 +20,11 @@
 #   10 EXPERIMENT        run name, and runs/<project>/<experiment>/            (default quick)
 #   11 MODEL             a preset of configs/model/ (embedded, tiny, qwen_halfb, qwen_3b, qwen_7b)
 #                        or a model folder / hub id                            (default embedded)
-#   12 TOTAL_STEPS       training steps                                        (default 4 on CPU)
-# On the verl backend, 2-4 and 12 default to the hardware preset's values, 11 to qwen_halfb.
+#   12 TOTAL_STEPS       PPO steps                                             (default 8 on CPU)
+#   13 SFT_STEPS         warm-start steps before them: SFT on the game oracle's play, one
+#                        mini-batch of demonstrations each (train.sft_steps)  (default 32 on CPU)
+# On the verl backend, 2-4 and 12 default to the hardware preset's values, 11 to qwen_halfb,
+# 13 to 0 (verl's SFT is its own command: agentrl sft backend=verl).
 # Anything after them is a hydra key=value override of configs/base.yaml, passed through.
 # `--dry-run` (anywhere): print the verl config and command this would run, validated, and stop.
 #
@@ -48,7 +51,8 @@ DEFAULT_EXPERIMENT=quick
 backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own sizes for verl
   if [[ $1 == local ]]; then
     DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
-    DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=4
+    DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=8 DEFAULT_SFT_STEPS=32
+    DEFAULT_OVERRIDES=(sft.episodes=256 val.test_freq=8)  # each demonstration seen once
   else
     DEFAULT_MODEL=qwen_halfb
   fi

@@ -10,6 +10,8 @@
 #    1 GPUS            2 GROUP_NUM       3 GROUP_SIZE      4 VAL_GROUP_NUM
 #    5 VAL_GROUP_SIZE  6 TRAIN_PRESETS   7 VAL_PRESETS     8 GPUS_PER_NODE
 #    9 PROJECT        10 EXPERIMENT     11 MODEL          12 TOTAL_STEPS
+#   13 SFT_STEPS       (warm-start steps of SFT on oracle play before the TOTAL_STEPS PPO steps:
+#                       train.sft_steps = SFT_STEPS, train.total_steps = TOTAL_STEPS + SFT_STEPS)
 # then key=value overrides of configs/base.yaml, passed through last (so they win).
 # `--dry-run`, anywhere: print the verl config and command that would run, validated, and stop
 # (it always plans the verl backend, and runs on a machine without a GPU).
@@ -21,17 +23,18 @@
 # (several nodes: `ray start` on each first, docs/HARDWARE.md). Otherwise the local engine:
 # GPUS=0 on the CPU preset, GPUS=1 on that GPU.
 #
-# Defaults: DEFAULT_<NAME> (empty or unset: the presets' value). A caller may define
+# Defaults: DEFAULT_<NAME> (empty or unset: the presets' value), and DEFAULT_OVERRIDES, an array
+# of key=value overrides placed before the caller's own (which win). A caller may define
 # `backend_defaults local|verl` to set them per backend; it runs once the backend is known.
 
 POSITIONAL_NAMES=(GPUS GROUP_NUM GROUP_SIZE VAL_GROUP_NUM VAL_GROUP_SIZE TRAIN_PRESETS
-                  VAL_PRESETS GPUS_PER_NODE PROJECT EXPERIMENT MODEL TOTAL_STEPS)
+                  VAL_PRESETS GPUS_PER_NODE PROJECT EXPERIMENT MODEL TOTAL_STEPS SFT_STEPS)
 declare -A CONFIG_KEYS=(
   [GROUP_NUM]=train.group_num [GROUP_SIZE]=train.group_size [VAL_GROUP_NUM]=val.group_num
   [VAL_GROUP_SIZE]=val.group_size [TRAIN_PRESETS]=train.presets [VAL_PRESETS]=val.presets
   [PROJECT]=project [EXPERIMENT]=experiment [TOTAL_STEPS]=train.total_steps
 )
-WHOLE_NUMBERS=" GPUS GROUP_NUM GROUP_SIZE VAL_GROUP_NUM VAL_GROUP_SIZE GPUS_PER_NODE TOTAL_STEPS "
+WHOLE_NUMBERS=" GPUS GROUP_NUM GROUP_SIZE VAL_GROUP_NUM VAL_GROUP_SIZE GPUS_PER_NODE TOTAL_STEPS SFT_STEPS "
 AGENTRL_ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 
 has_nvidia_gpu() { nvidia-smi -L >/dev/null 2>&1; }
@@ -133,10 +136,16 @@ train_from_positional_args() {
     if [[ -f $AGENTRL_ROOT/configs/model/$model.yaml ]]; then overrides+=("model=$model")
     else overrides+=("model.name=$model"); fi
   fi
+  local sft_steps=${value[SFT_STEPS]:-0}
+  if (( sft_steps > 0 )); then  # the warm start's steps come before TOTAL_STEPS of PPO
+    overrides+=("train.sft_steps=$sft_steps")
+    if [[ -n ${value[TOTAL_STEPS]} ]]; then value[TOTAL_STEPS]=$(( value[TOTAL_STEPS] + sft_steps )); fi
+  fi
   for name in "${POSITIONAL_NAMES[@]}"; do
     if [[ -n ${CONFIG_KEYS[$name]:-} && -n ${value[$name]} ]]; then
       overrides+=("${CONFIG_KEYS[$name]}=${value[$name]}")
     fi
   done
-  exec python -m agentrl.cli train ${dry_run[@]+"${dry_run[@]}"} "${overrides[@]}" "$@"
+  exec python -m agentrl.cli train ${dry_run[@]+"${dry_run[@]}"} "${overrides[@]}" \
+    ${DEFAULT_OVERRIDES[@]+"${DEFAULT_OVERRIDES[@]}"} "$@"
 }

@@ -22,14 +22,15 @@ def quick_train(*args: str, cwd: Path) -> subprocess.CompletedProcess:
 def test_quick_train_runs_and_its_checkpoint_loads(tmp_path):
     run_dir = tmp_path / "run"
     done = quick_train("0", "1", "2", "1", "1", "[banditAgent]", "[banditAgent]", "0", "agentrl",
-                       "smoke", "tiny", "2", f"run_dir={run_dir}", "rollout.max_new_tokens=8",
-                       "threads=1", cwd=tmp_path)
+                       "smoke", "tiny", "2", "1", f"run_dir={run_dir}", "rollout.max_new_tokens=8",
+                       "sft.episodes=2", "threads=1", cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
-    checkpoint = run_dir / "checkpoints" / "step_000002"
+    checkpoint = run_dir / "checkpoints" / "step_000003"  # 1 warm-start step, then 2 of PPO
     assert f"checkpoint: {checkpoint}" in done.stdout
     assert (run_dir / "metrics.jsonl").is_file() and (run_dir / "learning_curves.png").is_file()
     config = (checkpoint / "config.yaml").read_text()
-    assert "group_size: 2" in config and "total_steps: 2" in config and "banditAgent" in config
+    assert "group_size: 2" in config and "total_steps: 3" in config and "banditAgent" in config
+    assert "sft_steps: 1" in config
 
     evaluated = subprocess.run(
         [sys.executable, "-m", "agentrl.cli", "eval", "--model", str(checkpoint), "--presets",

@@ -242,7 +242,8 @@ class LocalTrainer:
                 metrics = self.train_step(step)
                 self.step = step
                 last = step == total or (deadline is not None and time.monotonic() >= deadline)
-                if freq and (step % freq == 0 or last):
+                warm_start_done = step == config.train.sft_steps
+                if freq and (step % freq == 0 or last or warm_start_done):
                     metrics.update(self.validate())
                 # before the save: a saved step is always logged
                 tracker.log(step, metrics, self.episode_samples)

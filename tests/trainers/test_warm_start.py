@@ -21,7 +21,7 @@ def warm_start_config(tmp_path, **train_keys):
     data = sft_config(tmp_path).to_dict()
     data["train"].update(group_num=1, group_size=2, total_steps=SFT_STEPS + 1,
                          sft_steps=SFT_STEPS, **train_keys)
-    data["val"].update(test_freq=0, before_train=False)
+    data["val"].update(test_freq=1000, before_train=False)
     data["trainer"].update(logger=[], plot=False, save_freq=0)
     data["sft"].update(mini_batch_size=EPISODES, micro_batch_size=2)
     return build_config(data)
@@ -44,6 +44,8 @@ def test_the_warm_start_steps_teach_the_oracle_and_ppo_follows(tmp_path, one_tor
     assert sft_losses[-1] < 0.05 * sft_losses[0], sft_losses
     assert "actor/pg_loss" in records[SFT_STEPS + 1] and "sft/loss" not in records[SFT_STEPS + 1]
     assert not any(k.startswith("actor/") for k in records[SFT_STEPS])
+    validated = [s for s, r in records.items() if "val/replay/success" in r]
+    assert validated == [SFT_STEPS, SFT_STEPS + 1]  # the warm start's end, and the last step
     assert trainer.warm_start.optim is None  # freed before PPO
     assert replayed == oracle
 
