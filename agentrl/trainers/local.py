@@ -19,7 +19,10 @@ One training step is a short sequence of named stages (each timed as ``timing/<s
 4. ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator).
 5. ``critic`` then ``actor``: ``ppo_epochs`` passes over shuffled mini-batches, each the sum of
    micro-batch gradients (exact accumulation, see :mod:`agentrl.trainers.ppo`), grad-norm
-   clipping, AdamW; the schedulers' linear warm-up advances once per step. A loss metric
+   clipping, AdamW; the schedulers' linear warm-up advances once per step. Inside a
+   mini-batch the rows are ordered by prompt, so a micro-batch holds a group's members, and the
+   prompt tokens its rows share run once (``actor.shared_prefix_tokens``,
+   :mod:`agentrl.trainers.shared_prefix`; the same gradients, in every pass). A loss metric
    (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``critic/vf_loss``) is the
    mini-batch's aggregated term under ``loss_agg_mode``, averaged over the step's mini-batches.
 
