@@ -204,7 +204,8 @@ def test_critic_values_and_gradients_with_the_shared_prefix_equal_the_unshared(m
 @pytest.mark.parametrize("critic", ["critic.share_backbone=false", "critic.share_backbone=true"])
 def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, critic):
     """One PPO step of the trainer (old log-probs, values, GAE, critic and actor updates over
-    micro-batches of 3): the same gradients and weights, with fewer tokens read."""
+    micro-batches of 3, each a group's members once ordered): the same gradients and weights,
+    with fewer tokens read."""
     out = {}
     for share in (0, 16):
         trainer = tiny_trainer(tmp_path / str(share), "actor.lr=1e-4", "critic.lr=1e-4",
@@ -213,12 +214,20 @@ def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, 
         recorders = {"actor": GradientRecorder(trainer.actor_optim),
                      "critic": GradientRecorder(trainer.critic_optim)}
         counter = TokenCounter(trainer.actor)
+        groups, actor_micro = [], trainer._actor_micro
+
+        def recording(micro, size):
+            groups.append(sorted(set(micro["group_index"].tolist())))
+            return actor_micro(micro, size)
+
+        trainer._actor_micro = recording
         trainer.step = 1
         metrics = trainer._update(shared_prompt_batch(), StageTimer())
         assert metrics["guard/skipped_updates"] == 0
         out[share] = {"grads": {role: r.steps[0] for role, r in recorders.items()},
                       "weights": [p.detach().clone() for p in trainer.actor.parameters()],
-                      "tokens": counter.tokens, "metrics": metrics}
+                      "tokens": counter.tokens, "metrics": metrics, "groups": groups}
+    assert out[16]["groups"] in ([[0], [1]], [[1], [0]])  # the interleaved rows, by group
     assert out[16]["tokens"] < out[0]["tokens"]
     for role in ("actor", "critic"):
         assert relative_difference(out[16]["grads"][role], out[0]["grads"][role]) < 1e-5, role
