@@ -158,8 +158,8 @@ def test_actor_pass_with_the_shared_prefix_equals_the_unshared_pass(model, varia
 
 
 def test_bfloat16_autocast_with_the_shared_prefix_is_as_close_as_bfloat16_allows(model):
-    """Under autocast the two passes round differently (other matmul shapes); both stay as
-    close to the float32 pass as each other."""
+    """Under autocast the two passes round differently (other matmul shapes); both stay about
+    as close to the float32 pass as each other, and to each other as bf16 is to float32."""
     micro = micro_rows(shared_prompt_batch(), torch.arange(6))
     bf16 = lambda: torch.autocast("cpu", dtype=torch.bfloat16)  # noqa: E731
     exact = actor_pass(model, micro, 0)
@@ -167,7 +167,8 @@ def test_bfloat16_autocast_with_the_shared_prefix_is_as_close_as_bfloat16_allows
     mask = micro["response_mask"].bool()
     error = lambda result: float((result["logprobs"] - exact["logprobs"])[mask].abs().max())  # noqa: E731
     assert error(shared) < 2 * error(unshared) + 1e-3
-    assert relative_difference(shared["grads"], unshared["grads"]) < 0.05
+    bf16_noise = relative_difference(unshared["grads"], exact["grads"])  # 4e-3 measured
+    assert relative_difference(shared["grads"], unshared["grads"]) < 2 * bf16_noise
 
 
 def test_gradient_checkpointing_falls_back_to_the_unshared_pass(model):
