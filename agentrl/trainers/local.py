@@ -372,8 +372,9 @@ class LocalTrainer:
                     parts["critic_features"].append(pad_responses(features, length))
             if self._needs_ref():
                 with timer("ref"), self._reference() as ref, self._precision():
-                    parts["ref"].append(pad_responses(response_logprobs(
-                        ref, micro, temperature=temperature, shared_prefix_tokens=share)[0], length))
+                    ref_logprobs = response_logprobs(ref, micro, temperature=temperature,
+                                                     shared_prefix_tokens=share)[0]
+                    parts["ref"].append(pad_responses(ref_logprobs, length))
             if self.critic is not None and not shared and values:
                 with timer("values"), self._precision():
                     parts["values"].append(pad_responses(
@@ -588,11 +589,10 @@ class LocalTrainer:
         device = self.device
         mask = micro["response_mask"].to(device).float()
         with self._precision(), checkpointing(self.actor):
-            logprobs, entropy, _ = response_logprobs(self.actor, micro,
-                                                     temperature=self._temperature(),
-                                                     with_entropy=True,
-                                                     entropy_grad=config.entropy_coeff != 0,
-                                                     shared_prefix_tokens=config.shared_prefix_tokens)
+            logprobs, entropy, _ = response_logprobs(
+                self.actor, micro, temperature=self._temperature(), with_entropy=True,
+                entropy_grad=config.entropy_coeff != 0,
+                shared_prefix_tokens=config.shared_prefix_tokens)
         old = micro.get("old_logprobs")
         if old is None:  # the first pass runs at the old weights: its log-probs are the old ones
             old = logprobs.detach()

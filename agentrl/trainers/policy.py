@@ -181,8 +181,9 @@ class ValueModel(nn.Module):
         device = self.head.weight.device
         length = batch["responses"].shape[1]
         with torch.no_grad() if self.shared else contextlib.nullcontext():
-            inputs = shared_prefix_inputs(self.backbone, self.backbone, _model_inputs(batch, device),
-                                          response_length=length, min_tokens=shared_prefix_tokens)
+            inputs = shared_prefix_inputs(self.backbone, self.backbone,
+                                          _model_inputs(batch, device), response_length=length,
+                                          min_tokens=shared_prefix_tokens)
             hidden = self.backbone(**inputs).last_hidden_state
         return self.values_from(hidden[:, -length - 1:-1])
 

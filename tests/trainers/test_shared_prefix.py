@@ -165,7 +165,9 @@ def test_bfloat16_autocast_with_the_shared_prefix_is_as_close_as_bfloat16_allows
     exact = actor_pass(model, micro, 0)
     unshared, shared = (actor_pass(model, micro, share, precision=bf16) for share in (0, 1))
     mask = micro["response_mask"].bool()
-    error = lambda result: float((result["logprobs"] - exact["logprobs"])[mask].abs().max())  # noqa: E731
+    def error(result: dict) -> float:
+        return float((result["logprobs"] - exact["logprobs"])[mask].abs().max())
+
     assert error(shared) < 2 * error(unshared) + 1e-3
     bf16_noise = relative_difference(unshared["grads"], exact["grads"])  # 4e-3 measured
     assert relative_difference(shared["grads"], unshared["grads"]) < 2 * bf16_noise
@@ -174,7 +176,8 @@ def test_bfloat16_autocast_with_the_shared_prefix_is_as_close_as_bfloat16_allows
 def test_gradient_checkpointing_falls_back_to_the_unshared_pass(model):
     """transformers drops past_key_values in a checkpointed layer: every token is read."""
     checkpointed = __import__("copy").deepcopy(model)
-    checkpointed.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    checkpointed.gradient_checkpointing_enable(
+        gradient_checkpointing_kwargs={"use_reentrant": False})
     micro = micro_rows(shared_prompt_batch(), torch.arange(6))
     counter = TokenCounter(checkpointed)
     with checkpointing(checkpointed):
@@ -232,6 +235,7 @@ def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, 
     assert out[16]["tokens"] < out[0]["tokens"]
     for role in ("actor", "critic"):
         assert relative_difference(out[16]["grads"][role], out[0]["grads"][role]) < 1e-5, role
-    assert max(float((a - b).abs().max()) for a, b in zip(out[16]["weights"], out[0]["weights"])) < 1e-6
+    assert max(float((a - b).abs().max())
+               for a, b in zip(out[16]["weights"], out[0]["weights"])) < 1e-6
     for key in ("actor/pg_loss", "critic/vf_loss", "critic/returns_mean"):
         assert out[16]["metrics"][key] == pytest.approx(out[0]["metrics"][key], rel=1e-5, abs=1e-7)
