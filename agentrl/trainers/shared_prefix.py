@@ -24,8 +24,8 @@ are gathered with the tokens (the real tokens keep theirs), the attention mask i
 Falls back to the unshared inputs (returned unchanged) when
 - fewer than 2 rows, or fewer than ``min_tokens`` shared tokens: the second pass has a fixed
   cost (every weight's gradient is computed twice and summed, and the smaller matmuls run less
-  efficiently), so 2 rows of the embedded model on a CPU gain nothing from 16 shared tokens,
-  7% from 32 and 1.6x from 308 (CPU time, one thread);
+  efficiently): 2 rows of the embedded model on a CPU take 9% longer sharing 16 tokens, 7%
+  less sharing 32 and 1.6x less sharing 308 (CPU time, one thread);
 - gradient checkpointing is active (:func:`agentrl.trainers.policy.checkpointing`):
   transformers' ``GradientCheckpointingLayer`` sets ``past_key_values=None`` in a checkpointed
   layer, so the remainder would not see the prefix;
