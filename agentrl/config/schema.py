@@ -326,6 +326,11 @@ class ActorConfig(Section):
     micro_batch_size: int = setting(2, at_least(1), "an integer >= 1")
     """Trajectories per forward/backward pass (gradients accumulate over a mini-batch); the
     critic's too. On verl: per GPU, at most a GPU's share of a mini-batch (capped to it)."""
+    shared_prefix_tokens: int = setting(32, at_least(0), "an integer >= 0 (0 = off)")
+    """Local trainer: the leading tokens all rows of a micro-batch share (a group's first
+    prompt) run once, when there are at least this many, and every row reads their keys and
+    values; the same log-probs, values and gradients (agentrl.trainers.shared_prefix). Rows are
+    ordered by prompt inside a mini-batch so a micro-batch holds a group. 0 = off. verl: unused."""
     clip_ratio_low: float = setting(0.2, lambda v: 0 < v < 1, "a number in (0, 1)")
     """PPO ratio clip below 1: ``1 - clip_ratio_low``."""
     clip_ratio_high: float = setting(0.28, positive, "a number > 0")

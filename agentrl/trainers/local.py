@@ -19,7 +19,10 @@ One training step is a short sequence of named stages (each timed as ``timing/<s
 4. ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator).
 5. ``critic`` then ``actor``: ``ppo_epochs`` passes over shuffled mini-batches, each the sum of
    micro-batch gradients (exact accumulation, see :mod:`agentrl.trainers.ppo`), grad-norm
-   clipping, AdamW; the schedulers' linear warm-up advances once per step. A loss metric
+   clipping, AdamW; the schedulers' linear warm-up advances once per step. Inside a
+   mini-batch the rows are ordered by prompt, so a micro-batch holds a group's members, and the
+   prompt tokens its rows share run once (``actor.shared_prefix_tokens``,
+   :mod:`agentrl.trainers.shared_prefix`; the same gradients, in every pass). A loss metric
    (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``critic/vf_loss``) is the
    mini-batch's aggregated term under ``loss_agg_mode``, averaged over the step's mini-batches.
 
@@ -74,7 +77,7 @@ from agentrl.trainers.episode_log import EpisodeLog
 from agentrl.trainers.guards import (
     all_finite, collapse_metrics, logprob_gap, warn_if_entropy_collapsed,
 )
-from agentrl.trainers.microbatch import micro_rows, pad_responses
+from agentrl.trainers.microbatch import micro_rows, pad_responses, prefix_order
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.policy import ValueModel, checkpointing, response_logprobs
 from agentrl.trainers.tracking import RunTracker
@@ -367,15 +370,16 @@ class LocalTrainer:
         size = self.config.actor.micro_batch_size
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
-        temperature = self._temperature()
+        temperature, share = self._temperature(), self.config.actor.shared_prefix_tokens
         shared = self.critic is not None and self.critic.shared
+        order = self._micro_order(batch, torch.arange(n))
         for start in range(0, n, size):
-            rows = torch.arange(start, min(n, start + size))
-            micro = micro_rows(batch, rows)
+            micro = micro_rows(batch, order[start:start + size])
             if old_logprobs or shared:
                 with timer("old_logprobs"), self._precision():
                     old, _, features = response_logprobs(self.actor, micro, temperature=temperature,
-                                                         with_features=shared)
+                                                         with_features=shared,
+                                                         shared_prefix_tokens=share)
                     parts["old"].append(pad_responses(old, length))
             if shared:  # the critic reads this pass's features: no second backbone pass
                 with timer("values"):
@@ -383,11 +387,20 @@ class LocalTrainer:
                     parts["critic_features"].append(pad_responses(features, length))
             if self._needs_ref():
                 with timer("ref"), self._reference() as ref, self._precision():
-                    parts["ref"].append(pad_responses(response_logprobs(ref, micro, temperature=temperature)[0], length))
+                    ref_logprobs = response_logprobs(ref, micro, temperature=temperature,
+                                                     shared_prefix_tokens=share)[0]
+                    parts["ref"].append(pad_responses(ref_logprobs, length))
             if self.critic is not None and not shared and values:
                 with timer("values"), self._precision():
-                    parts["values"].append(pad_responses(self.critic(micro), length))
-        return {k: torch.cat(v).cpu() for k, v in parts.items()}
+                    parts["values"].append(pad_responses(
+                        self.critic(micro, shared_prefix_tokens=share), length))
+        back = torch.argsort(order)  # batch order again
+        return {k: torch.cat(v)[back].cpu() for k, v in parts.items()}
+
+    def _micro_order(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+        """``rows`` in the order micro-batches are cut from: by prompt when the shared prefix is
+        on, so that a micro-batch holds a group (:func:`prefix_order`)."""
+        return prefix_order(batch, rows) if self.config.actor.shared_prefix_tokens else rows
 
     def _first_pass_is_old(self, n: int) -> bool:
         """Whether the actor's update is one pass over one mini-batch of the ``n`` trajectories.
@@ -552,7 +565,7 @@ class LocalTrainer:
             for _ in range(epochs):
                 order = torch.randperm(n, generator=generator)
                 for start in range(0, n, mini):
-                    rows = order[start:start + mini]
+                    rows = self._micro_order(batch, order[start:start + mini])
                     size = ppo.MiniBatchSize.of(batch["response_mask"][rows].float())
                     optim.zero_grad(set_to_none=True)
                     finite = True
@@ -591,10 +604,10 @@ class LocalTrainer:
         device = self.device
         mask = micro["response_mask"].to(device).float()
         with self._precision(), checkpointing(self.actor):
-            logprobs, entropy, _ = response_logprobs(self.actor, micro,
-                                                     temperature=self._temperature(),
-                                                     with_entropy=True,
-                                                     entropy_grad=config.entropy_coeff != 0)
+            logprobs, entropy, _ = response_logprobs(
+                self.actor, micro, temperature=self._temperature(), with_entropy=True,
+                entropy_grad=config.entropy_coeff != 0,
+                shared_prefix_tokens=config.shared_prefix_tokens)
         old = micro.get("old_logprobs")
         if old is None:  # the first pass runs at the old weights: its log-probs are the old ones
             old = logprobs.detach()
@@ -621,7 +634,8 @@ class LocalTrainer:
         features = micro.get("critic_features")
         if features is None:
             with self._precision(), checkpointing(self.critic):
-                vpreds = self.critic(micro)
+                vpreds = self.critic(
+                    micro, shared_prefix_tokens=self.config.actor.shared_prefix_tokens)
         else:
             vpreds = self.critic.values_from(features.to(device))
         old, returns = micro.get("values"), micro.get("returns")

@@ -2,13 +2,14 @@
 
     micro = micro_rows(batch, torch.arange(0, 2))    # rows 0-1, shared padding removed
     values = pad_responses(critic(micro), batch["responses"].shape[1])
+    rows = prefix_order(batch, rows)                  # a group's members side by side
 """
 
 from __future__ import annotations
 
 import torch
 
-__all__ = ["micro_rows", "pad_responses"]
+__all__ = ["micro_rows", "pad_responses", "prefix_order"]
 
 
 def micro_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -38,3 +39,17 @@ def pad_responses(values: torch.Tensor, length: int) -> torch.Tensor:
         return values
     widths = [0, 0] * (values.dim() - 2) + [0, length - values.shape[1]]
     return torch.nn.functional.pad(values, widths)
+
+
+def prefix_order(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
+    """``rows`` sorted by their prompts' real tokens (lexicographic; equal prompts keep their
+    order): rows that start alike become neighbours, so micro-batches cut from them hold a
+    group's members, whose shared first prompt then runs once
+    (:mod:`agentrl.trainers.shared_prefix`). Summed micro-batch gradients do not depend on
+    the order (exact accumulation, :mod:`agentrl.trainers.ppo`)."""
+    prompts = batch["prompts"]
+    real = batch["attention_mask"][:, :prompts.shape[1]].bool()
+    listed = rows.tolist()
+    keys = [prompts[row][real[row]].tolist() for row in listed]
+    order = sorted(range(len(listed)), key=keys.__getitem__)
+    return rows[torch.tensor(order, dtype=torch.long)]

@@ -19,6 +19,10 @@ of the masked, renormalized distribution the sampler drew from (docs/TRAINING.md
 
 Only the last ``R + 1`` positions go through the LM head (``logits_to_keep``): the prompt's
 logits are never materialised, which is most of the memory of a long multi-turn episode.
+
+Shared prefix: with ``shared_prefix_tokens > 0`` the leading tokens all rows have in common (a
+group's first prompt) run once and every row reads their keys and values
+(:mod:`agentrl.trainers.shared_prefix`); the results are the same.
 """
 
 from __future__ import annotations
@@ -29,6 +33,8 @@ from typing import Any, Iterator
 
 import torch
 from torch import nn
+
+from agentrl.trainers.shared_prefix import shared_prefix_inputs
 
 __all__ = ["ValueModel", "backbone_of", "checkpointing", "masked_logits", "response_logprobs"]
 
@@ -45,6 +51,7 @@ def response_logprobs(
     with_entropy: bool = False,
     entropy_grad: bool = False,
     with_features: bool = False,
+    shared_prefix_tokens: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-prob of each response token under ``model``, ``(B, R)``; its entropy (``B, R``) and
     the last hidden state before each token (``B, R, H``: a shared critic's input) on request.
@@ -53,15 +60,17 @@ def response_logprobs(
     divided by ``temperature`` (the sampler's), so the ratio compares like with like. The
     log-prob is ``logit - logsumexp(logits)``, which keeps no ``(B, R, vocab)`` tensor for the
     backward pass beyond the logits themselves; the entropy is a metric (no gradient) unless
-    ``entropy_grad`` (an entropy bonus in the loss).
+    ``entropy_grad`` (an entropy bonus in the loss). Rows sharing at least
+    ``shared_prefix_tokens`` leading tokens run them once (0 = off; the module docstring).
     """
     from verl.utils.torch_functional import entropy_from_logits
 
     device = next(model.parameters()).device
     responses = batch["responses"].to(device)
     length = responses.shape[1]
-    out = model(**_model_inputs(batch, device), use_cache=False, logits_to_keep=length + 1,
-                output_hidden_states=with_features)
+    inputs = shared_prefix_inputs(model, backbone_of(model), _model_inputs(batch, device),
+                                  response_length=length, min_tokens=shared_prefix_tokens)
+    out = model(**inputs, logits_to_keep=length + 1, output_hidden_states=with_features)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
         logits = logits / temperature
@@ -165,15 +174,17 @@ class ValueModel(nn.Module):
         with torch.autocast(device_type=features.device.type, enabled=False):
             return self.head(features.to(self.head.weight.dtype)).squeeze(-1).float()
 
-    def forward(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    def forward(self, batch: dict[str, torch.Tensor], *, shared_prefix_tokens: int = 0
+                ) -> torch.Tensor:
+        """Values ``(B, R)`` of ``batch``'s response positions; rows sharing at least
+        ``shared_prefix_tokens`` leading tokens run them once (0 = off)."""
         device = self.head.weight.device
         length = batch["responses"].shape[1]
-        inputs = _model_inputs(batch, device)
-        if self.shared:
-            with torch.no_grad():
-                hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
-        else:
-            hidden = self.backbone(**inputs, use_cache=False).last_hidden_state
+        with torch.no_grad() if self.shared else contextlib.nullcontext():
+            inputs = shared_prefix_inputs(self.backbone, self.backbone,
+                                          _model_inputs(batch, device), response_length=length,
+                                          min_tokens=shared_prefix_tokens)
+            hidden = self.backbone(**inputs).last_hidden_state
         return self.values_from(hidden[:, -length - 1:-1])
 
     def trainable_parameters(self) -> list[nn.Parameter]:

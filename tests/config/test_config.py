@@ -221,7 +221,7 @@ def test_grpo_needs_groups_of_two():
 
 def test_mini_batches_divide_the_kept_batch(default):
     config = changed(changed(default, "train.group_num", 4), "train.group_size", 3)
-    config = changed(config, "rollout.filter_ratio", 0.5)
+    config = changed(changed(config, "rollout.filter_ratio", 0.5), "actor.micro_batch_size", 2)
     assert config.kept_trajectories == 6
     assert changed(config, "actor.ppo_mini_batch_size", 3).actor.ppo_mini_batch_size == 3
     with pytest.raises(ValueError, match=r"ppo_mini_batch_size=4 .*\[1, 2, 3, 6\]"):

@@ -65,7 +65,8 @@ def test_no_shortcut_where_the_old_logprobs_are_needed_first(tmp_path, one_torch
     """Several mini-batches or epochs update between passes; KL in the reward reads the old
     log-probs before the advantages; a critic on the actor's backbone needs that pass for its
     values."""
-    trainer = tiny_trainer(tmp_path / "separate", "critic.share_backbone=false")
+    trainer = tiny_trainer(tmp_path / "separate", "critic.share_backbone=false",
+                           "actor.micro_batch_size=2")  # fits the mini-batch of 2 below
     assert trainer._first_pass_is_old(4)
     config = trainer.config
     for section, key, value in (("actor", "ppo_mini_batch_size", 2), ("actor", "ppo_epochs", 2),
