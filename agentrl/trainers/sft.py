@@ -62,6 +62,7 @@ from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.local import _device
 from agentrl.trainers.microbatch import micro_rows
 from agentrl.trainers.policy import backbone_of
+from agentrl.trainers.shared_prefix import shared_prefix_inputs
 from agentrl.trainers.warm_start import update_rows
 
 __all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients", "loss_mask",
@@ -78,11 +79,14 @@ def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
 
 
 def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch.Tensor,
-                         micro_batch_size: int) -> float:
+                         micro_batch_size: int, shared_prefix_tokens: int = 0) -> float:
     """Backward the token-mean NLL of ``batch[rows]`` micro-batch by micro-batch; returns it.
 
     Each micro-batch contributes ``sum(-logprob * mask) / tokens`` with ``tokens`` counted over
-    all of ``rows``, so the summed gradients are those of the whole mini-batch at once.
+    all of ``rows``, so the summed gradients are those of the whole mini-batch at once. The
+    leading tokens a micro-batch's rows share (the system prompt and instructions of a preset)
+    run once when there are at least ``shared_prefix_tokens`` of them
+    (:mod:`agentrl.trainers.shared_prefix`; 0 = off).
     """
     tokens = float(loss_mask(batch)[rows].sum())
     if tokens == 0:
@@ -90,14 +94,15 @@ def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch
     total = 0.0
     for start in range(0, len(rows), micro_batch_size):
         micro = micro_rows(batch, rows[start:start + micro_batch_size])
-        loss = -masked_logprobs(model, micro, loss_mask(micro)).sum() / tokens
+        loss = -masked_logprobs(model, micro, loss_mask(micro),
+                                shared_prefix_tokens=shared_prefix_tokens).sum() / tokens
         loss.backward()
         total += float(loss.detach())
     return total
 
 
-def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor
-                    ) -> torch.Tensor:
+def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor, *,
+                    shared_prefix_tokens: int = 0) -> torch.Tensor:
     """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``.
 
     As :func:`agentrl.trainers.policy.response_logprobs` (response token ``i`` is predicted at
@@ -107,8 +112,11 @@ def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tens
     device = next(model.parameters()).device
     inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask",
                                                      "position_ids")}
-    hidden = backbone_of(model)(**inputs, use_cache=False).last_hidden_state
     responses = batch["responses"].to(device)
+    backbone = backbone_of(model)
+    inputs = shared_prefix_inputs(backbone, backbone, inputs, response_length=responses.shape[1],
+                                  min_tokens=shared_prefix_tokens)
+    hidden = backbone(**inputs).last_hidden_state
     rows, columns = mask.to(device).nonzero(as_tuple=True)
     before = hidden[:, -responses.shape[1] - 1:-1][rows, columns]
     logits = model.get_output_embeddings()(before).float()
@@ -232,7 +240,8 @@ class SFTTrainer:
             for update in range(total):
                 rows = update_rows(n, sft.mini_batch_size, self.config.seed, update)
                 self.optim.zero_grad(set_to_none=True)
-                loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size)
+                loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size,
+                                            self.config.actor.shared_prefix_tokens)
                 norm = torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip)
                 if math.isfinite(loss) and torch.isfinite(norm):
                     self.optim.step()

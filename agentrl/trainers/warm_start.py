@@ -79,7 +79,8 @@ class WarmStart:
         n = batch["responses"].shape[0]
         rows = update_rows(n, sft.mini_batch_size, self.config.seed, step - 1)
         self.optim.zero_grad(set_to_none=True)
-        loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size)
+        loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size,
+                                    self.config.actor.shared_prefix_tokens)
         norm = float(torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip))
         if math.isfinite(loss) and math.isfinite(norm):
             self.optim.step()

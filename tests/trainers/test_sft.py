@@ -134,28 +134,61 @@ def test_random_turns_are_played_but_not_learned(tiny):
         assert sum(t.response_mask) == sum(len(turns[end].response_ids) for end in learned)
 
 
-def test_accumulation_is_exact(tiny):
-    """The gradient of a mini-batch does not depend on how it is cut into micro-batches."""
-    model, tokenizer = tiny
+def replay_demonstrations(tokenizer, count: int = 4):
     config = build_config({"agents": {"replay": REPLAY_PRESET}, "train": {"presets": ["replay"]},
                            "val": {"presets": ["replay"]}})
     presets = config.playing_presets(["replay"], 4)
-    demos = asyncio.run(play_demonstrations(presets, tokenizer, split_seeds("train", 4),
-                                            max_context_tokens=1024, max_new_tokens=4))
+    return asyncio.run(play_demonstrations(presets, tokenizer, split_seeds("train", count),
+                                           max_context_tokens=1024, max_new_tokens=4))
+
+
+def loss_and_gradients(model, batch, rows, micro, shared_prefix_tokens=0):
+    model.zero_grad(set_to_none=True)
+    loss = sft.accumulate_gradients(model, batch, rows, micro, shared_prefix_tokens)
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    model.zero_grad(set_to_none=True)
+    return loss, grads
+
+
+def test_accumulation_is_exact(tiny):
+    """The gradient of a mini-batch does not depend on how it is cut into micro-batches."""
+    model, tokenizer = tiny
+    demos = replay_demonstrations(tokenizer)
     lengths = {sum(t.response_mask) for t in demos}
     assert len(lengths) > 1, "episodes of equal token counts would hide a per-micro mean"
     batch = to_batch(demos, tokenizer.pad_token_id)
     rows = torch.arange(len(demos))
-    grads = []
-    for micro in (1, len(demos)):
-        model.zero_grad(set_to_none=True)
-        loss = sft.accumulate_gradients(model, batch, rows, micro)
-        grads.append((loss, [p.grad.clone() for p in model.parameters() if p.grad is not None]))
-    model.zero_grad(set_to_none=True)
-    (loss_1, g_1), (loss_all, g_all) = grads
+    loss_1, g_1 = loss_and_gradients(model, batch, rows, 1)
+    loss_all, g_all = loss_and_gradients(model, batch, rows, len(demos))
     assert loss_1 == pytest.approx(loss_all, rel=1e-5)
     for a, b in zip(g_1, g_all):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-7)
+
+
+def test_a_shared_system_prompt_runs_once_with_the_same_loss_and_gradients(tiny):
+    """Demonstrations of different games share the system prompt and the rules: SFT reads them
+    once per micro-batch (agentrl.trainers.shared_prefix) and learns exactly the same."""
+    from agentrl.trainers.shared_prefix import shared_prefix_length
+
+    model, tokenizer = tiny
+    batch = to_batch(replay_demonstrations(tokenizer), tokenizer.pad_token_id)
+    inputs = {k: batch[k] for k in ("input_ids", "attention_mask", "position_ids")}
+    assert shared_prefix_length(inputs, batch["responses"].shape[1]) >= 32
+    rows = torch.arange(batch["responses"].shape[0])
+    read = []
+    embed = model.get_input_embeddings().register_forward_hook(
+        lambda _m, args, _out: read.append(args[0].numel()))
+    try:
+        plain_loss, plain = loss_and_gradients(model, batch, rows, len(rows))
+        plain_read = sum(read)
+        read.clear()
+        shared_loss, shared = loss_and_gradients(model, batch, rows, len(rows), 32)
+    finally:
+        embed.remove()
+    assert sum(read) < 0.6 * plain_read  # the prefix ran once, not once per row
+    assert shared_loss == pytest.approx(plain_loss, rel=1e-5)
+    for a, b in zip(plain, shared):
+        torch.testing.assert_close(b, a, rtol=1e-5, atol=1e-7)
 
 
 @pytest.mark.slow
