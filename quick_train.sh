@@ -13,8 +13,8 @@
 #    3 GROUP_SIZE        episodes per group, all on the group's game           (default 4)
 #    4 VAL_GROUP_NUM     held-out games per validation preset                  (default 32)
 #    5 VAL_GROUP_SIZE    episodes per held-out game                            (default 1)
-#    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [tightSokobanAgent])
-#    7 VAL_PRESETS       agent presets to validate on                          (default [tightSokobanAgent])
+#    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [tightBlocksworldAgent])
+#    7 VAL_PRESETS       agent presets to validate on                          (default [tightBlocksworldAgent])
 #    8 GPUS_PER_NODE     GPUs per node (multi-node runs)                       (default: GPUS)
 #    9 PROJECT           WandB project, and runs/<project>/                    (default agentrl)
 #   10 EXPERIMENT        run name, and runs/<project>/<experiment>/            (default quick)
@@ -43,8 +43,8 @@ source scripts/positional_args.sh
 setup_environment
 
 if has_cuda; then DEFAULT_GPUS=1; else DEFAULT_GPUS=0; fi
-DEFAULT_TRAIN_PRESETS="[tightSokobanAgent]"
-DEFAULT_VAL_PRESETS="[tightSokobanAgent]"
+DEFAULT_TRAIN_PRESETS="[tightBlocksworldAgent]"
+DEFAULT_VAL_PRESETS="[tightBlocksworldAgent]"
 DEFAULT_PROJECT=agentrl
 DEFAULT_EXPERIMENT=quick
 
