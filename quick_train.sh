@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Train a model to play the games with PPO, from a fresh machine, in one command.
 #
-#   bash quick_train.sh                         # CPU: the embedded SmolLM2-135M, a few steps
-#   bash quick_train.sh 0 4 4 32 1 "[simpleSokobanAgent]" "[largeSokobanAgent]" 1 agentrl sokoban embedded 20
-#   bash quick_train.sh 0 2 2 1 1 "[banditAgent]" "[banditAgent]" 1 agentrl smoke tiny 2 trainer.logger=[console]
+#   bash quick_train.sh                         # CPU: the embedded SmolLM2-135M, warm start + PPO
+#   bash quick_train.sh 0 4 4 32 1 "[simpleSokobanAgent]" "[largeSokobanAgent]" 1 agentrl sokoban embedded 20 0
+#   bash quick_train.sh 0 2 2 1 1 "[banditAgent]" "[banditAgent]" 1 agentrl smoke tiny 2 0 trainer.logger=[console]
 #   bash quick_train.sh 8 "" "" "" "" "" "" 8 agentrl quick-gpu qwen_3b    # 8 GPUs: verl, A100 sizes
 #   bash quick_train.sh --dry-run 16 "" "" "" "" "" "" 8                   # 2 nodes: what would run
 #
