@@ -10,9 +10,11 @@ token at every step (a copy of the whole cache per token), and its SDPA path exp
 key/value heads to every query head (another copy) before a flash kernel that is slow for one
 query token. On a 2-core CPU those copies took as long as the matmuls at batch 16.
 
-Here each layer's keys and values live in one buffer ``[rows, kv_heads, capacity, head_dim]``
-allocated once per batch; a step writes one column and attends over the filled columns with two
-batched matmuls per layer, the grouped heads as a view (no copy). The layers' own modules
+Here each layer's keys and values live in buffers allocated once per batch (keys transposed,
+``[rows, kv_heads, head_dim, capacity]``, values ``[rows, kv_heads, capacity, head_dim]``: both
+matmuls then read their right operand in the layout the kernel wants, ~1.7x faster on a CPU);
+a step writes one column and attends over the filled columns with two batched matmuls per
+layer, the grouped query heads as a view of the key/value heads (no copy). The layers' own modules
 (norms, projections, MLP, rotary embedding, LoRA adapters if any) compute everything else, so a
 row's tokens and log-probs are those of the model's own forward pass (the tests compare them).
 
@@ -64,7 +66,7 @@ def supports(model: Any) -> bool:
 class StaticCacheDecoder:
     """One batch's decode steps: keys/values in preallocated buffers, attention by matmul.
 
-    Invariant: columns ``[0, length)`` of every buffer are written (prefill pads included) and
+    Invariant: columns (positions) ``[0, length)`` of every buffer are written (prefill pads included) and
     ``valid[row, column]`` says which hold the row's real tokens; later columns are never read.
     """
 
@@ -75,7 +77,7 @@ class StaticCacheDecoder:
         self.decoder = lm.model
         attention = self.decoder.layers[0].self_attn
         self.rotate = sys.modules[type(attention).__module__].apply_rotary_pos_emb
-        self.head_dim = keys[0].shape[-1]
+        self.head_dim = keys[0].shape[2]
         self.kv_heads = keys[0].shape[1]
         self.scaling = attention.scaling
         self.keys, self.values, self.valid = keys, values, valid
@@ -95,11 +97,13 @@ class StaticCacheDecoder:
         capacity = length + steps
         keys, values = [], []
         for layer in layers:
-            for source, out in ((layer.keys, keys), (layer.values, values)):
-                heads, dim = source.shape[1], source.shape[3]
-                buffer = source.new_empty(count, heads, capacity, dim)
-                buffer[:, :, :length] = source if rows is None else source[rows]
-                out.append(buffer)
+            source_keys, source_values = ((layer.keys, layer.values) if rows is None
+                                          else (layer.keys[rows], layer.values[rows]))
+            heads, dim = source_keys.shape[1], source_keys.shape[3]
+            keys.append(source_keys.new_empty(count, heads, dim, capacity))
+            keys[-1][..., :length] = source_keys.transpose(2, 3)
+            values.append(source_values.new_empty(count, heads, capacity, dim))
+            values[-1][:, :, :length] = source_values
         valid = attention_mask.new_zeros(count, capacity, dtype=torch.bool)
         valid[:, :length] = attention_mask.bool()
         return cls(model, keys, values, valid, length)
@@ -134,11 +138,11 @@ class StaticCacheDecoder:
         query, key = self.rotate(query, key, cos, sin)
         column = self.length
         keys, values = self.keys[index][:rows], self.values[index][:rows]
-        keys[:, :, column] = key[:, :, 0]
+        keys[..., column] = key[:, :, 0]
         values[:, :, column] = value[:, :, 0]
-        # grouped heads as a view: [rows, kv_heads, group, dim] against [rows, kv_heads, cols, dim]
+        # grouped heads as a view: [rows, kv_heads, group, dim] @ [rows, kv_heads, dim, cols]
         grouped = query.reshape(rows, kv_heads, -1, dim)
-        scores = torch.matmul(grouped, keys[:, :, : column + 1].transpose(2, 3)) * self.scaling
+        scores = torch.matmul(grouped, keys[..., : column + 1]) * self.scaling
         weights = torch.softmax(scores + bias, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(weights, values[:, :, : column + 1])  # [rows, kv_heads, group, dim]
         return attention.o_proj(out.reshape(rows, 1, -1))
@@ -157,5 +161,5 @@ class StaticCacheDecoder:
     def row(self, batch_row: int) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
         """The keys and values ``[kv_heads, tokens, dim]`` per layer of a row's real tokens."""
         real = self.valid[batch_row, : self.length].nonzero().squeeze(1)
-        return ([keys[batch_row][:, real] for keys in self.keys],
+        return ([keys[batch_row][:, :, real].transpose(1, 2) for keys in self.keys],
                 [values[batch_row][:, real] for values in self.values])
