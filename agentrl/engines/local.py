@@ -38,6 +38,13 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   sampling; its log-probs are of that masked, renormalized distribution, and its result
   (a :class:`~agentrl.engines.constrained.Generation`) carries each token's mask
   (``token_masks``) so the trainer can recompute the same distribution.
+- **Decode steps** run over a preallocated key/value cache with matmul attention over the
+  grouped heads (:mod:`agentrl.engines.static_cache`) for Llama-style models in float32: no
+  per-token cache copies. Other models, and bf16 autocast, step through the model's forward
+  with a ``DynamicCache``. Both give the model's own tokens and log-probs (tests compare them).
+- Sampled rows draw their token by inverting the CDF (float64) with one uniform number a row,
+  not ``torch.multinomial`` (an exponential number per vocabulary entry): the same
+  distribution at a sixth of the cost, but a seed gives other draws than before.
 - Like vLLM, generation also stops at end-of-sequence: ``eos_token_ids`` (default
   ``end_of_turn_ids(tokenizer, model.generation_config)``) are added to every request's ``stop_token_ids``; pass
   ``eos_token_ids=()`` to turn that off.

@@ -31,7 +31,9 @@ a step, the lm_head included, plus each row's keys and values) and the FLOPs a t
 takes at least ``max(bytes / bandwidth, b * FLOPs / matmul rate)``: the roofline tokens/s at
 batch 1 is bandwidth bound, at batch 16 near the crossover. Each row reports that bound
 (``roofline_tokens_per_second``, which limit binds) and ``roofline_share``: its decode
-tokens/s over it.
+tokens/s over it. ``matmuls ms`` (``weight_matmul_ms``) times the step's weight matmuls alone
+at that batch size (``F.linear`` over every linear layer): the floor the BLAS kernels set for
+``ms/step``, which is where a CPU's small-batch fp32 GEMMs fall short of the roofline.
 """
 
 from __future__ import annotations
@@ -125,6 +127,26 @@ def model_costs(model) -> dict:
     }
 
 
+def weight_matmul_ms(model, batch: int, repeats: int = 3) -> float:
+    """Milliseconds a step's weight matmuls alone take at ``batch`` rows (``F.linear`` over
+    every linear layer, lm_head included): what the BLAS kernels allow, below the roofline."""
+    lm = causal_lm(model)
+    weights = [m.weight for m in lm.modules() if isinstance(m, torch.nn.Linear)]
+    device = weights[0].device
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], device=device) for w in weights}
+    with torch.inference_mode():
+        def run():
+            for weight in weights:
+                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+        run()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
 def roofline(machine: dict, costs: dict, batch: int, context: float) -> dict:
     """The fastest decode of ``batch`` rows at ``context`` tokens each: tokens/s, binding limit."""
     bytes_read = costs["weight_bytes_per_step"] + batch * context * costs[
@@ -202,6 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         for name, run in runs:
             row = bench(llm, prompts, size, run, name)
             row.update(roofline(machine, costs, size, context))
+            row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
             row["roofline_share"] = round(
                 row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
             rows.append(row)
@@ -211,7 +234,7 @@ def main(argv: list[str] | None = None) -> None:
     base = rows[0]["tokens_per_second"]
     table = Table(title=f"{args.model} on {args.device}: {args.max_new_tokens} new tokens/prompt")
     columns = ("decoding", "batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s",
-               "ms/step", "mask %", "speed-up", "roofline tok/s", "of roofline")
+               "ms/step", "matmuls ms", "mask %", "speed-up", "roofline tok/s", "of roofline")
     for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
@@ -224,6 +247,7 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['tokens_per_second']:.1f}",
             f"{row['decode_tokens_per_second']:.1f}",
             f"{row['ms_per_decode_step']:.1f}",
+            f"{row['weight_matmul_ms']:.1f}",
             f"{100 * row['mask_share']:.1f}",
             f"{row['tokens_per_second'] / base:.2f}x",
             f"{row['roofline_tokens_per_second']:.0f} ({row['roofline_bound']})",
