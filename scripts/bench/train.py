@@ -11,8 +11,10 @@ Extra ``key=value`` arguments are hydra overrides of configs/base.yaml (the same
 WandB or plots, so only the training stages are timed. Stage shares are of the summed step
 time, ``stage_seconds`` the mean seconds a step; update tokens/s counts every token the actor
 (or critic) forward+backward passes read (prompt and response, all PPO epochs) over that
-stage's seconds; ``generation`` is the engine's counters over the timed steps (decode tokens/s).
-The JSON records the load average: on a shared machine compare runs taken side by side.
+stage's seconds; ``generation`` is the engine's counters over the timed steps, ``engine/*`` in
+each step's metrics its work in that step (decode tokens/s). The first step also pays one-off
+costs (the constrained decoder's token index, first calls). The JSON records the load average:
+on a shared machine compare runs taken side by side.
 """
 
 from __future__ import annotations
@@ -59,9 +61,11 @@ def main(argv: list[str] | None = None) -> dict:
         try:
             for step in range(1, args.steps + 1):
                 tokens = _count_update_tokens(trainer)
+                engine_before = trainer.llm.stats.as_dict()
                 start = time.perf_counter()
                 metrics = trainer.train_step(step)
                 metrics["wall_s"] = time.perf_counter() - start
+                metrics.update(_engine_delta(engine_before, trainer.llm.stats.as_dict()))
                 metrics["update_tokens"] = float(tokens.pop())
                 steps.append(metrics)
             generation = trainer.llm.stats.as_dict()
@@ -86,6 +90,15 @@ def _count_update_tokens(trainer: LocalTrainer) -> list[int]:
 
     trainer._update = counting
     return box
+
+
+def _engine_delta(before: dict, after: dict) -> dict:
+    """The engine's work during one step: tokens generated, seconds, decode tokens/s."""
+    delta = {key: after[key] - before[key] for key in
+             ("generated_tokens", "generation_seconds", "prefill_seconds")}
+    decode = delta["generation_seconds"] - delta["prefill_seconds"]
+    return {f"engine/{key}": value for key, value in delta.items()} | {
+        "engine/decode_tokens_per_s": delta["generated_tokens"] / decode if decode > 0 else 0.0}
 
 
 def summarize(steps: list[dict], config) -> dict:
