@@ -150,3 +150,22 @@ def test_draw_follows_the_distribution_and_never_picks_a_zero():
     assert torch.allclose(counts, probs[0].double(), atol=0.01)
     scaled = _draw(probs[:2] * 7, torch.Generator().manual_seed(3))  # any scale
     assert scaled.tolist() == _draw(probs[:2], torch.Generator().manual_seed(3)).tolist()
+
+
+def test_lora_adapters_are_applied_in_the_static_decode(tiny):
+    import copy
+
+    from peft import LoraConfig, get_peft_model
+
+    model, tokenizer = tiny
+    torch.manual_seed(0)
+    adapted = get_peft_model(copy.deepcopy(model), LoraConfig(
+        r=4, lora_alpha=8, target_modules=["q_proj", "v_proj", "down_proj"],
+        init_lora_weights=False)).eval()  # random adapters: they change the tokens
+    assert static_cache.supports(adapted)
+    fast, plain = engines(adapted, tokenizer, eos_token_ids=())
+    prompts = chat_prompts(tokenizer, 3)
+    results = fast.generate_batch(prompts, GREEDY)
+    assert_same(results, plain.generate_batch(prompts, GREEDY), adapted, prompts)
+    base = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=()).generate_batch(prompts, GREEDY)
+    assert [ids for ids, _ in results] != [ids for ids, _ in base]
