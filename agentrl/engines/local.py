@@ -65,7 +65,6 @@ import torch
 from agentrl.engines import static_cache
 from agentrl.engines.constrained import Generation, RowConstraint, TokenTexts, apply_masks
 from agentrl.engines.prefix_cache import PrefixCache
-from agentrl.engines.static_cache import StaticCacheDecoder
 from agentrl.models.precision import compute_precision
 
 __all__ = ["BatchingLLM", "GenerationStats", "SamplingParams"]
@@ -125,7 +124,8 @@ class GenerationStats:
     generation_seconds: float = 0.0
     """Wall time inside the decode loop (prefill + decode), summed over batches."""
     prefill_seconds: float = 0.0
-    """The part of generation_seconds spent on the prompts' forward pass."""
+    """The part of generation_seconds spent on the prompts' forward pass (and copying its keys
+    and values into the decode cache)."""
     constraint_seconds: float = 0.0
     """The part of generation_seconds spent on constrained rows' token masks: building and
     applying them, and moving each row's grammar past its token
@@ -424,7 +424,7 @@ class BatchingLLM:
             self._static = static_cache.supports(self.model)
         fp32 = self.compute_dtype in (None, "float32", torch.float32)
         if self._static and fp32 and self._cache_usable:
-            return StaticCacheDecoder.build(self.model, cache, attention_mask, rows, steps)
+            return static_cache.StaticCacheDecoder.build(self.model, cache, attention_mask, rows, steps)
         return _DynamicCacheDecoder(self, cache, attention_mask, rows)
 
     def _constraints(self, samplings: list[SamplingParams],
