@@ -44,7 +44,7 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   with a ``DynamicCache``. Both give the model's own tokens and log-probs (tests compare them).
 - Sampled rows draw their token by inverting the CDF (float64) with one uniform number a row,
   not ``torch.multinomial`` (an exponential number per vocabulary entry): the same
-  distribution at a sixth of the cost, but a seed gives other draws than before.
+  distribution at about a fifth of the cost, but a seed gives other draws than before.
 - Like vLLM, generation also stops at end-of-sequence: ``eos_token_ids`` (default
   ``end_of_turn_ids(tokenizer, model.generation_config)``) are added to every request's ``stop_token_ids``; pass
   ``eos_token_ids=()`` to turn that off.
@@ -577,7 +577,7 @@ def _choose(
 def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
     """One token per row from ``probs`` ``[rows, vocab]`` (any scale), by inverting its CDF
     with one uniform number a row: ``torch.multinomial`` draws an exponential number for every
-    token of the 49k vocabulary, ~30 ms a batch-16 step on a CPU core, this ~5 ms. The CDF is
+    token of the 49k vocabulary, ~30 ms a batch-16 step on a CPU core, this ~6 ms. The CDF is
     summed in float64, so a token's chance is its probability to ~1e-12."""
     cdf = probs.cumsum(dim=-1, dtype=torch.float64)
     point = torch.rand(len(probs), 1, generator=generator, dtype=torch.float64,
