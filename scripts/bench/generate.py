@@ -108,7 +108,7 @@ def measure_machine(device: str = "cpu") -> dict:
 
 
 def model_costs(model) -> dict:
-    """What a decode step reads and computes, from the model's shapes (fp32 bytes)."""
+    """What a decode step reads and computes, from the model's shapes and dtype."""
     lm = causal_lm(model)
     config = lm.config
     embedding = lm.get_input_embeddings().weight
@@ -116,13 +116,13 @@ def model_costs(model) -> dict:
     matrices = [p for name, p in lm.named_parameters() if p.dim() == 2
                 and p.data_ptr() not in (embedding.data_ptr(), head.data_ptr())] + [head]
     weights = sum(p.numel() for p in matrices)
-    others = sum(p.numel() for p in lm.parameters() if p.dim() != 2)  # norms, biases
+    others = [p for p in lm.parameters() if p.dim() != 2]  # norms, biases
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    layers = config.num_hidden_layers
+    layers, size = config.num_hidden_layers, head.element_size()
     return {
-        "weight_bytes_per_step": 4 * (weights + others),
+        "weight_bytes_per_step": sum(p.numel() * p.element_size() for p in [*matrices, *others]),
         "flops_per_token": 2 * weights,
-        "kv_bytes_per_context_token": 4 * 2 * layers * config.num_key_value_heads * head_dim,
+        "kv_bytes_per_context_token": size * 2 * layers * config.num_key_value_heads * head_dim,
         "attention_flops_per_context_token": 4 * layers * config.num_attention_heads * head_dim,
     }
 
