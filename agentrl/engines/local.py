@@ -424,7 +424,8 @@ class BatchingLLM:
             self._static = static_cache.supports(self.model)
         fp32 = self.compute_dtype in (None, "float32", torch.float32)
         if self._static and fp32 and self._cache_usable:
-            return static_cache.StaticCacheDecoder.build(self.model, cache, attention_mask, rows, steps)
+            return static_cache.StaticCacheDecoder.build(self.model, cache, attention_mask, rows,
+                                                         steps)
         return _DynamicCacheDecoder(self, cache, attention_mask, rows)
 
     def _constraints(self, samplings: list[SamplingParams],
