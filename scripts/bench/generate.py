@@ -22,22 +22,36 @@ Those replies stop at the end-of-turn token once the answer is complete, so thei
 ms per decode step over the steps actually run, and ``mask %``: the share of decode time spent
 building and applying the masks (the engine's ``constraint_seconds``). Target: under 5% at
 batch 16.
+
+**Roofline.** Before decoding, the script measures this machine with torch's threads: the fp32
+matmul rate (a 2048x2048 matmul, GFLOP/s) and the memory read bandwidth (the sum of a 256 MB
+tensor, GB/s). From the model it counts the bytes a decode step reads (every weight matrix once
+a step, the lm_head included, plus each row's keys and values) and the FLOPs a token costs
+(2 per weight of every matrix, plus attention over its context). A step of batch ``b`` then
+takes at least ``max(bytes / bandwidth, b * FLOPs / matmul rate)``: the roofline tokens/s at
+batch 1 is bandwidth bound, at batch 16 near the crossover. Each row reports that bound
+(``roofline_tokens_per_second``, which limit binds) and ``roofline_share``: its decode
+tokens/s over it. ``matmuls ms`` (``weight_matmul_ms``) times the step's weight matmuls alone
+at that batch size (``F.linear`` over every linear layer): the floor the BLAS kernels set for
+``ms/step``, which is where a CPU's small-batch fp32 GEMMs fall short of the roofline.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import time
 
 import torch
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.bench_cli import device_name, write_result
 import dataclasses
 
 from agentrl.agents.grammar import AnswerGrammar
+from agentrl.bench_cli import device_name, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.engines.static_cache import causal_lm
 from agentrl.models import end_of_turn_ids, load_model
 
 TOPICS = ["Sokoban", "Tetris", "BlocksWorld", "TextWorld"]
@@ -70,6 +84,79 @@ def make_prompts(tokenizer, count: int) -> list[list[int]]:
             )
         )
     return prompts
+
+
+def measure_machine(device: str = "cpu") -> dict:
+    """The fp32 matmul rate (GFLOP/s) and memory read bandwidth (GB/s) with torch's threads."""
+    def seconds(run, repeats: int) -> float:
+        run()  # warm-up
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize(device)
+        return (time.perf_counter() - start) / repeats
+
+    size = 2048
+    a, b = (torch.randn(size, size, device=device) for _ in range(2))
+    matmul = 2 * size**3 / seconds(lambda: a @ b, 5)
+    big = torch.ones(64 * 1024 * 1024, device=device)  # 256 MB: far beyond the caches
+    bandwidth = big.numel() * big.element_size() / seconds(big.sum, 5)
+    return {"matmul_gflops": round(matmul / 1e9, 1), "read_gbps": round(bandwidth / 1e9, 1)}
+
+
+def model_costs(model) -> dict:
+    """What a decode step reads and computes, from the model's shapes and dtype."""
+    lm = causal_lm(model)
+    config = lm.config
+    embedding = lm.get_input_embeddings().weight
+    head = lm.get_output_embeddings().weight
+    matrices = [p for name, p in lm.named_parameters() if p.dim() == 2
+                and p.data_ptr() not in (embedding.data_ptr(), head.data_ptr())] + [head]
+    weights = sum(p.numel() for p in matrices)
+    others = [p for p in lm.parameters() if p.dim() != 2]  # norms, biases
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    layers, size = config.num_hidden_layers, head.element_size()
+    return {
+        "weight_bytes_per_step": sum(p.numel() * p.element_size() for p in [*matrices, *others]),
+        "flops_per_token": 2 * weights,
+        "kv_bytes_per_context_token": size * 2 * layers * config.num_key_value_heads * head_dim,
+        "attention_flops_per_context_token": 4 * layers * config.num_attention_heads * head_dim,
+    }
+
+
+def weight_matmul_ms(model, batch: int, repeats: int = 3) -> float:
+    """Milliseconds a step's weight matmuls alone take at ``batch`` rows (``F.linear`` over
+    every linear layer, lm_head included): what the BLAS kernels allow, below the roofline."""
+    lm = causal_lm(model)
+    weights = [m.weight for m in lm.modules() if isinstance(m, torch.nn.Linear)]
+    device = weights[0].device
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], device=device) for w in weights}
+    with torch.inference_mode():
+        def run():
+            for weight in weights:
+                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
+        run()
+        start = time.perf_counter()
+        for _ in range(repeats):
+            run()
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+    return 1000 * (time.perf_counter() - start) / repeats
+
+
+def roofline(machine: dict, costs: dict, batch: int, context: float) -> dict:
+    """The fastest decode of ``batch`` rows at ``context`` tokens each: tokens/s, binding limit."""
+    bytes_read = costs["weight_bytes_per_step"] + batch * context * costs[
+        "kv_bytes_per_context_token"]
+    flops = batch * (costs["flops_per_token"]
+                     + context * costs["attention_flops_per_context_token"])
+    memory_s = bytes_read / (machine["read_gbps"] * 1e9)
+    compute_s = flops / (machine["matmul_gflops"] * 1e9)
+    return {"roofline_tokens_per_second": round(batch / max(memory_s, compute_s), 1),
+            "roofline_bound": "memory" if memory_s >= compute_s else "compute"}
 
 
 def bench(llm: BatchingLLM, prompts, batch_size: int, sampling: SamplingParams,
@@ -119,6 +206,12 @@ def main(argv: list[str] | None = None) -> None:
     load_seconds = time.perf_counter() - start
     llm = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=())
     prompts = make_prompts(tokenizer, args.prompts)
+    machine, costs = measure_machine(args.device), model_costs(model)
+    # the mean context a decode step attends over: the prompt and half the reply
+    context = sum(map(len, prompts)) / len(prompts) + args.max_new_tokens / 2
+    print(f"machine: {machine['matmul_gflops']} GFLOP/s fp32 matmul, {machine['read_gbps']} GB/s "
+          f"read; model: {costs['weight_bytes_per_step'] / 1e6:.0f} MB of weights a step, "
+          f"{costs['flops_per_token'] / 1e9:.3f} GFLOP a token", flush=True)
     sampling = SamplingParams(greedy=True, max_new_tokens=args.max_new_tokens)
     runs = [("free", sampling)]
     if args.constrained:  # a grammar's reply ends on the end-of-turn token
@@ -129,14 +222,19 @@ def main(argv: list[str] | None = None) -> None:
     rows = []
     for size in args.batch_sizes:
         for name, run in runs:
-            rows.append(bench(llm, prompts, size, run, name))
+            row = bench(llm, prompts, size, run, name)
+            row.update(roofline(machine, costs, size, context))
+            row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
+            row["roofline_share"] = round(
+                row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
+            rows.append(row)
             print(rows[-1], flush=True)  # each row as it is measured: a long run keeps them
     llm.close()
 
     base = rows[0]["tokens_per_second"]
     table = Table(title=f"{args.model} on {args.device}: {args.max_new_tokens} new tokens/prompt")
     columns = ("decoding", "batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s",
-               "ms/step", "mask %", "speed-up")
+               "ms/step", "matmuls ms", "mask %", "speed-up", "roofline tok/s", "of roofline")
     for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
@@ -149,15 +247,22 @@ def main(argv: list[str] | None = None) -> None:
             f"{row['tokens_per_second']:.1f}",
             f"{row['decode_tokens_per_second']:.1f}",
             f"{row['ms_per_decode_step']:.1f}",
+            f"{row['weight_matmul_ms']:.1f}",
             f"{100 * row['mask_share']:.1f}",
             f"{row['tokens_per_second'] / base:.2f}x",
+            f"{row['roofline_tokens_per_second']:.0f} ({row['roofline_bound']})",
+            f"{100 * row['roofline_share']:.0f}%",
         )
-    Console().print(table)
+    Console(width=max(Console().width, 150)).print(table)
     lengths = [len(p) for p in prompts]
     result = {
         "rows": rows,
         "args": vars(args),
         "load_seconds": round(load_seconds, 2),
+        "machine": machine,
+        "model_costs": costs,
+        "mean_context_tokens": round(context, 1),
+        "load_average": list(os.getloadavg()),
         "prompt_tokens": {"min": min(lengths), "max": max(lengths)},
         "torch": torch.__version__,
         "threads": torch.get_num_threads(),

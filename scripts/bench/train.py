@@ -1,19 +1,26 @@
 """Where a local PPO step spends its time: share of each stage, and tokens/s of the update.
 
-    python scripts/bench/train.py                          # embedded model, CPU preset, 2 steps
+    python scripts/bench/train.py                          # quick_train.sh's CPU step, 2 steps
     python scripts/bench/train.py --steps 3 --out /tmp/train.json model=tiny
     python scripts/bench/train.py critic.share_backbone=true lora.rank=8
 
+By default this is the step ``bash quick_train.sh`` runs on a CPU: the embedded model on the CPU
+preset (configs/hardware/cpu.yaml: 2 groups of 4 episodes), train preset ``tightSokobanAgent``.
 Extra ``key=value`` arguments are hydra overrides of configs/base.yaml (the same as
 ``agentrl train``). The run writes into a temporary run_dir, without validation, checkpoints,
 WandB or plots, so only the training stages are timed. Stage shares are of the summed step
-time; update tokens/s counts every token the actor (or critic) forward+backward passes read
-(prompt and response, all PPO epochs) over that stage's seconds.
+time, ``stage_seconds`` the mean seconds a step; update tokens/s counts every token the actor
+(or critic) forward+backward passes read (prompt and response, all PPO epochs) over that
+stage's seconds; ``generation`` is the engine's counters over the timed steps, ``engine/*`` in
+each step's metrics its work in that step (decode tokens/s). The first step also pays one-off
+costs (the constrained decoder's token index, first calls). The JSON records the load average:
+on a shared machine compare runs taken side by side.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import platform
 import tempfile
 import time
@@ -26,6 +33,8 @@ from agentrl.bench_cli import write_result
 from agentrl.config import compose_config
 from agentrl.trainers.local import LocalTrainer
 
+PRESETS = "[tightSokobanAgent]"
+"""quick_train.sh's default train and val presets."""
 STAGES = ("rollout", "filter", "old_logprobs", "ref", "values", "advantages", "critic", "actor")
 
 
@@ -43,22 +52,28 @@ def main(argv: list[str] | None = None) -> dict:
         raise SystemExit("--steps must be >= 1")
     with tempfile.TemporaryDirectory() as run_dir:
         config = compose_config([
-            "train.presets=[quickSokobanAgent]", "val.presets=[quickSokobanAgent]",
+            f"train.presets={PRESETS}", f"val.presets={PRESETS}",
             *args.overrides, f"run_dir={run_dir}", "val.before_train=false", "val.test_freq=0",
             "trainer.logger=[]", "trainer.plot=false", "resume=never"])
         trainer = LocalTrainer(config)
         steps = []
+        load_before = os.getloadavg()
         try:
             for step in range(1, args.steps + 1):
                 tokens = _count_update_tokens(trainer)
+                engine_before = trainer.llm.stats.as_dict()
                 start = time.perf_counter()
                 metrics = trainer.train_step(step)
                 metrics["wall_s"] = time.perf_counter() - start
+                metrics.update(_engine_delta(engine_before, trainer.llm.stats.as_dict()))
                 metrics["update_tokens"] = float(tokens.pop())
                 steps.append(metrics)
+            generation = trainer.llm.stats.as_dict()
         finally:
             trainer.close()
     result = summarize(steps, config)
+    result["generation"] = generation
+    result["load_average"] = {"before": list(load_before), "after": list(os.getloadavg())}
     show(result)
     write_result(args.out, result)
     return result
@@ -77,6 +92,15 @@ def _count_update_tokens(trainer: LocalTrainer) -> list[int]:
     return box
 
 
+def _engine_delta(before: dict, after: dict) -> dict:
+    """The engine's work during one step: tokens generated, seconds, decode tokens/s."""
+    delta = {key: after[key] - before[key] for key in
+             ("generated_tokens", "generation_seconds", "prefill_seconds")}
+    decode = delta["generation_seconds"] - delta["prefill_seconds"]
+    return {f"engine/{key}": value for key, value in delta.items()} | {
+        "engine/decode_tokens_per_s": delta["generated_tokens"] / decode if decode > 0 else 0.0}
+
+
 def summarize(steps: list[dict], config) -> dict:
     total = sum(s["timing/step_s"] for s in steps)
     shares = {stage: sum(s.get(f"timing/{stage}_s", 0.0) for s in steps) / total for stage in STAGES}
@@ -89,6 +113,7 @@ def summarize(steps: list[dict], config) -> dict:
         "model": config.model.name, "device": config.device, "steps": len(steps),
         "episodes_per_step": config.train.group_num * config.train.group_size,
         "seconds_per_step": total / len(steps), "stage_share": shares,
+        "stage_seconds": {stage: share * total / len(steps) for stage, share in shares.items()},
         "actor_update_tokens_per_s": tokens * epochs / actor_s if actor_s else None,
         "critic_update_tokens_per_s": tokens * critic_epochs / critic_s if critic_s else None,
         "update_tokens_per_step": tokens / len(steps),
@@ -103,8 +128,9 @@ def show(result: dict) -> None:
                         f"{result['seconds_per_step']:.1f} s/step")
     table.add_column("stage")
     table.add_column("share of step", justify="right")
+    table.add_column("s a step", justify="right")
     for stage, share in result["stage_share"].items():
-        table.add_row(stage, f"{100 * share:.1f}%")
+        table.add_row(stage, f"{100 * share:.1f}%", f"{result['stage_seconds'][stage]:.2f}")
     Console().print(table)
     for role in ("actor", "critic"):
         value = result[f"{role}_update_tokens_per_s"]

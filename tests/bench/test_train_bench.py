@@ -1,0 +1,25 @@
+"""scripts/bench/train.py on the tiny model: quick_train's CPU step, its stage seconds and the
+engine's work in each step."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def test_one_step_reports_stage_seconds_engine_work_and_load(tmp_path, load_script):
+    bench = load_script("scripts/bench/train.py")
+    out = tmp_path / "train.json"
+    result = bench.main(["--steps", "1", "--out", str(out), "model=tiny",
+                         "rollout.max_new_tokens=8"])
+    assert json.loads(out.read_text())["seconds_per_step"] == result["seconds_per_step"]
+    assert result["episodes_per_step"] == 8  # the CPU preset: 2 groups of 4
+    step = result["per_step"][0]
+    assert result["stage_seconds"]["rollout"] == pytest.approx(step["timing/rollout_s"])
+    assert sum(result["stage_share"].values()) <= 1 + 1e-9
+    assert step["engine/generated_tokens"] == result["generation"]["generated_tokens"] > 0
+    assert step["engine/decode_tokens_per_s"] > 0
+    assert len(result["load_average"]["before"]) == 3
