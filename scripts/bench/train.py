@@ -5,7 +5,7 @@
     python scripts/bench/train.py critic.share_backbone=true lora.rank=8
 
 By default this is the step ``bash quick_train.sh`` runs on a CPU: the embedded model on the CPU
-preset (configs/hardware/cpu.yaml: 2 groups of 4 episodes), train preset ``tightSokobanAgent``.
+preset (configs/hardware/cpu.yaml: 2 groups of 4 episodes), train preset ``tightBlocksworldAgent``.
 Extra ``key=value`` arguments are hydra overrides of configs/base.yaml (the same as
 ``agentrl train``). The run writes into a temporary run_dir, without validation, checkpoints,
 WandB or plots, so only the training stages are timed. Stage shares are of the summed step
@@ -33,7 +33,7 @@ from agentrl.bench_cli import write_result
 from agentrl.config import compose_config
 from agentrl.trainers.local import LocalTrainer
 
-PRESETS = "[tightSokobanAgent]"
+PRESETS = "[tightBlocksworldAgent]"
 """quick_train.sh's default train and val presets."""
 STAGES = ("rollout", "filter", "old_logprobs", "ref", "values", "advantages", "critic", "actor")
 
