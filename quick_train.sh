@@ -52,7 +52,9 @@ backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own siz
   if [[ $1 == local ]]; then
     DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
     DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=8 DEFAULT_SFT_STEPS=32
-    DEFAULT_OVERRIDES=(sft.episodes=256 val.test_freq=16)  # each demonstration seen once
+    # each of 256 demonstrations seen once; a whole SFT mini-batch in one pass, so the rules
+    # every demonstration shares run once (actor.shared_prefix_tokens)
+    DEFAULT_OVERRIDES=(sft.episodes=256 sft.micro_batch_size=8 val.test_freq=16)
   else
     DEFAULT_MODEL=qwen_halfb
   fi
