@@ -14,7 +14,10 @@ time, ``stage_seconds`` the mean seconds a step; update tokens/s counts every to
 stage's seconds; ``generation`` is the engine's counters over the timed steps, ``engine/*`` in
 each step's metrics its work in that step (decode tokens/s). The first step also pays one-off
 costs (the constrained decoder's token index, first calls). The JSON records the load average:
-on a shared machine compare runs taken side by side.
+on a shared machine compare runs taken side by side. ``actor_update_vs_bare`` compares the actor
+update's tokens/s with a bare forward + backward + AdamW over random rows of the step's mean
+length, cut into the same micro-batches (:func:`bare_update_tokens_per_s`): the bookkeeping's
+cost below 1, the work the shared prompt prefix avoids above it.
 """
 
 from __future__ import annotations
@@ -69,14 +72,46 @@ def main(argv: list[str] | None = None) -> dict:
                 metrics["update_tokens"] = float(tokens.pop())
                 steps.append(metrics)
             generation = trainer.llm.stats.as_dict()
+            tokens_per_row = sum(m["update_tokens"] for m in steps) / len(steps) / (
+                config.train.group_num * config.train.group_size)
+            bare = bare_update_tokens_per_s(trainer.actor, rows=config.train.group_num
+                                            * config.train.group_size,
+                                            width=max(2, round(tokens_per_row)),
+                                            micro_batch_size=config.actor.micro_batch_size)
         finally:
             trainer.close()
     result = summarize(steps, config)
+    result["bare_update_tokens_per_s"] = bare
+    if result["actor_update_tokens_per_s"]:
+        result["actor_update_vs_bare"] = result["actor_update_tokens_per_s"] / bare
     result["generation"] = generation
     result["load_average"] = {"before": list(load_before), "after": list(os.getloadavg())}
     show(result)
     write_result(args.out, result)
     return result
+
+
+def bare_update_tokens_per_s(model, *, rows: int, width: int, micro_batch_size: int) -> float:
+    """Tokens/s of a bare forward + backward + AdamW step over ``rows`` random rows of ``width``
+    tokens, in micro-batches as the update cuts them: the update's floor on this machine with no
+    PPO bookkeeping and nothing shared. One untimed warm-up pass, then one timed (the model's
+    weights change: run it last)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    optim = torch.optim.AdamW(params, lr=1e-9, fused=True)
+    device = next(model.parameters()).device
+    ids = torch.randint(0, model.config.vocab_size, (rows, width), device=device)
+
+    def one_step() -> float:
+        start = time.perf_counter()
+        optim.zero_grad(set_to_none=True)
+        for first in range(0, rows, micro_batch_size):
+            logits = model(input_ids=ids[first:first + micro_batch_size], use_cache=False).logits
+            logits.float().logsumexp(-1).mean().backward()
+        optim.step()
+        return time.perf_counter() - start
+
+    one_step()
+    return rows * width / one_step()
 
 
 def _count_update_tokens(trainer: LocalTrainer) -> list[int]:
@@ -137,6 +172,10 @@ def show(result: dict) -> None:
         if value is not None:
             print(f"{role} update: {value:,.0f} tokens/s "
                   f"({result['update_tokens_per_step']:,.0f} tokens per step and epoch)")
+    if result.get("actor_update_vs_bare"):
+        print(f"bare forward + backward + AdamW on the same shapes: "
+              f"{result['bare_update_tokens_per_s']:,.0f} tokens/s; the actor update runs at "
+              f"{result['actor_update_vs_bare']:.2f}x it (above 1: work the update avoids)")
 
 
 if __name__ == "__main__":

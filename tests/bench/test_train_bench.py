@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -23,3 +24,16 @@ def test_one_step_reports_stage_seconds_engine_work_and_load(tmp_path, load_scri
     assert step["engine/generated_tokens"] == result["generation"]["generated_tokens"] > 0
     assert step["engine/decode_tokens_per_s"] > 0
     assert len(result["load_average"]["before"]) == 3
+
+
+def test_the_update_is_compared_with_a_bare_loop_on_its_shapes(tmp_path, load_script, tiny):
+    bench = load_script("scripts/bench/train.py")
+    result = bench.main(["--steps", "1", "--out", str(tmp_path / "t.json"), "model=tiny",
+                         "rollout.max_new_tokens=8"])
+    assert result["bare_update_tokens_per_s"] > 0
+    assert result["actor_update_vs_bare"] == pytest.approx(
+        result["actor_update_tokens_per_s"] / result["bare_update_tokens_per_s"])
+    model, _ = tiny
+    before = [p.detach().clone() for p in model.parameters()]
+    assert bench.bare_update_tokens_per_s(model, rows=3, width=5, micro_batch_size=2) > 0
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it stepped
