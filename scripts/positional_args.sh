@@ -12,7 +12,8 @@
 #    9 PROJECT        10 EXPERIMENT     11 MODEL          12 TOTAL_STEPS
 #   13 SFT_STEPS       (warm-start steps of SFT on oracle play before the TOTAL_STEPS PPO steps:
 #                       train.sft_steps = SFT_STEPS, train.total_steps = TOTAL_STEPS + SFT_STEPS)
-# then key=value overrides of configs/base.yaml, passed through last (so they win).
+# then key=value overrides of configs/base.yaml, passed through last (so they win); the first
+# argument with a '=' starts them, so arguments left out at the end keep their defaults.
 # `--dry-run`, anywhere: print the verl config and command that would run, validated, and stop
 # (it always plans the verl backend, and runs on a machine without a GPU).
 #
@@ -90,7 +91,8 @@ train_from_positional_args() {
   done
   set -- ${args[@]+"${args[@]}"}
   declare -A given=()
-  for name in "${POSITIONAL_NAMES[@]}"; do
+  for name in "${POSITIONAL_NAMES[@]}"; do  # a key=value ends them: the overrides follow
+    if [[ ${1-} == *=* ]]; then break; fi
     given[$name]=${1-}
     if (( $# )); then shift; fi
   done
