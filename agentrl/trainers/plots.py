@@ -21,6 +21,7 @@ written atomically (temporary file, then rename).
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import tempfile
@@ -103,9 +104,7 @@ def reference_success(run_dir: Path, presets: list[str], groups: int
                       ) -> dict[str, dict[str, float]]:
     """The random and oracle policies' success per preset on the first ``groups`` validation
     seeds, played once and kept in ``run_dir/references.json`` (a resumed run reads it)."""
-    import json
-
-    from agentrl.report.data import played_references
+    from agentrl.report.data import played_references  # the report's, not at import time
 
     path = run_dir / REFERENCES_FILE
     if path.exists():

@@ -54,16 +54,14 @@ from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.evaluation import EvalResult, evaluate
 from agentrl.models import load_model
 from agentrl.rollout import to_batch
-from agentrl.rollout.demonstrations import (
-    DEMO_SEED_OFFSET, demonstration_seeds, play_demonstrations,
-)
+from agentrl.rollout.demonstrations import DEMO_SEED_OFFSET
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.local import _device
 from agentrl.trainers.microbatch import micro_rows
 from agentrl.trainers.policy import backbone_of
 from agentrl.trainers.shared_prefix import shared_prefix_inputs
-from agentrl.trainers.warm_start import update_rows
+from agentrl.trainers.warm_start import oracle_demonstrations, sft_update, update_rows
 
 __all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients", "loss_mask",
            "masked_logprobs"]
@@ -211,21 +209,9 @@ class SFTTrainer:
 
     def demonstrations(self) -> list[Trajectory]:
         """The oracle's episodes of the SFT presets, in the RL token layout."""
-        config, sft = self.config, self.config.sft
-        presets = config.playing_presets(config.sft_presets, config.rollout.max_new_tokens)
-        seeds = demonstration_seeds(sft.episodes)
-        with tqdm(total=len(seeds), desc="oracle demonstrations", unit="ep") as bar:
-            kept = self.loop.run_until_complete(play_demonstrations(
-                presets, self.tokenizer, seeds,
-                max_context_tokens=config.rollout.max_context_tokens,
-                max_new_tokens=config.rollout.max_new_tokens,
-                random_action_share=sft.random_action_share, seed=config.seed,
-                on_episode_done=lambda _: bar.update(1)))
-        if not kept:
-            raise ValueError(f"no demonstration was kept of sft.episodes={sft.episodes}: every "
-                             "episode had a random turn and ended unsolved; lower "
-                             "sft.random_action_share")
-        return kept
+        with tqdm(total=self.config.sft.episodes, desc="oracle demonstrations", unit="ep") as bar:
+            return oracle_demonstrations(self.config, self.tokenizer, self.loop,
+                                         on_episode_done=lambda _: bar.update(1))
 
     def train(self, trajectories: list[Trajectory], deadline: float | None = None
               ) -> list[float]:
@@ -239,14 +225,7 @@ class SFTTrainer:
         with tqdm(total=total, desc="sft", unit="update") as bar:
             for update in range(total):
                 rows = update_rows(n, sft.mini_batch_size, self.config.seed, update)
-                self.optim.zero_grad(set_to_none=True)
-                loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size,
-                                            self.config.actor.shared_prefix_tokens)
-                norm = torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip)
-                if math.isfinite(loss) and torch.isfinite(norm):
-                    self.optim.step()
-                else:
-                    log.warning("non-finite SFT loss or gradient: update skipped")
+                loss, _ = sft_update(self.model, self.params, self.optim, batch, rows, self.config)
                 losses.append(loss)
                 bar.set_postfix(loss=f"{loss:.4f}", refresh=False)
                 bar.update(1)

@@ -29,7 +29,7 @@ import torch
 from agentrl.rollout import to_batch
 from agentrl.rollout.demonstrations import demonstration_seeds, play_demonstrations
 
-__all__ = ["WarmStart", "update_rows"]
+__all__ = ["WarmStart", "oracle_demonstrations", "sft_update", "update_rows"]
 
 log = logging.getLogger("agentrl.warm_start")
 
@@ -41,6 +41,41 @@ def update_rows(n: int, mini_batch_size: int, seed: int, update: int) -> torch.T
     epoch, index = divmod(update, per_epoch)
     order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
     return order[index * mini_batch_size:(index + 1) * mini_batch_size]
+
+
+def oracle_demonstrations(config: Any, tokenizer: Any, loop: Any,
+                          on_episode_done: Any = None) -> list:
+    """The oracle's ``sft.episodes`` episodes of the SFT presets, in the RL token layout
+    (:func:`agentrl.rollout.demonstrations.play_demonstrations`)."""
+    sft = config.sft
+    kept = loop.run_until_complete(play_demonstrations(
+        config.playing_presets(config.sft_presets, config.rollout.max_new_tokens), tokenizer,
+        demonstration_seeds(sft.episodes), max_context_tokens=config.rollout.max_context_tokens,
+        max_new_tokens=config.rollout.max_new_tokens,
+        random_action_share=sft.random_action_share, seed=config.seed,
+        on_episode_done=on_episode_done))
+    if not kept:
+        raise ValueError(f"no demonstration was kept of sft.episodes={sft.episodes}: every "
+                         "episode had a random turn and ended unsolved; lower "
+                         "sft.random_action_share")
+    return kept
+
+
+def sft_update(model: Any, params: list, optim: Any, batch: dict[str, torch.Tensor],
+               rows: torch.Tensor, config: Any) -> tuple[float, float]:
+    """One SFT update on ``batch[rows]``: exact accumulation, grad-norm clip, AdamW; a
+    non-finite loss or gradient skips the step. Returns the loss and the gradient norm."""
+    from agentrl.trainers.sft import accumulate_gradients
+
+    optim.zero_grad(set_to_none=True)
+    loss = accumulate_gradients(model, batch, rows, config.sft.micro_batch_size,
+                                config.actor.shared_prefix_tokens)
+    norm = float(torch.nn.utils.clip_grad_norm_(params, config.sft.grad_clip))
+    if math.isfinite(loss) and math.isfinite(norm):
+        optim.step()
+    else:
+        log.warning("non-finite SFT loss or gradient: update skipped")
+    return loss, norm
 
 
 class WarmStart:
@@ -57,35 +92,17 @@ class WarmStart:
     def demonstrations(self) -> dict[str, torch.Tensor]:
         """The oracle's episodes as one batch, played on first use."""
         if self._batch is None:
-            config = self.config
-            presets = config.playing_presets(config.sft_presets, config.rollout.max_new_tokens)
-            kept = self.loop.run_until_complete(play_demonstrations(
-                presets, self.tokenizer, demonstration_seeds(config.sft.episodes),
-                max_context_tokens=config.rollout.max_context_tokens,
-                max_new_tokens=config.rollout.max_new_tokens,
-                random_action_share=config.sft.random_action_share, seed=config.seed))
-            if not kept:
-                raise ValueError("no demonstration was kept: every episode had a random turn "
-                                 "and ended unsolved; lower sft.random_action_share")
-            self._batch = to_batch(kept, self.pad_token_id)
+            self._batch = to_batch(oracle_demonstrations(self.config, self.tokenizer, self.loop),
+                                   self.pad_token_id)
         return self._batch
 
     def step(self, step: int) -> dict[str, float]:
         """SFT update ``step`` (from 1); returns its ``sft/*`` metrics."""
-        from agentrl.trainers.sft import accumulate_gradients
-
         sft = self.config.sft
         batch = self.demonstrations()
         n = batch["responses"].shape[0]
         rows = update_rows(n, sft.mini_batch_size, self.config.seed, step - 1)
-        self.optim.zero_grad(set_to_none=True)
-        loss = accumulate_gradients(self.model, batch, rows, sft.micro_batch_size,
-                                    self.config.actor.shared_prefix_tokens)
-        norm = float(torch.nn.utils.clip_grad_norm_(self.params, sft.grad_clip))
-        if math.isfinite(loss) and math.isfinite(norm):
-            self.optim.step()
-        else:
-            log.warning("non-finite SFT loss or gradient at step %d: update skipped", step)
+        loss, norm = sft_update(self.model, self.params, self.optim, batch, rows, self.config)
         return {"sft/loss": loss, "sft/grad_norm": norm, "sft/lr": sft.lr,
                 "sft/epoch": step / math.ceil(n / sft.mini_batch_size)}
 
