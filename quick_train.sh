@@ -13,8 +13,8 @@
 #    3 GROUP_SIZE        episodes per group, all on the group's game           (default 4)
 #    4 VAL_GROUP_NUM     held-out games per validation preset                  (default 32)
 #    5 VAL_GROUP_SIZE    episodes per held-out game                            (default 1)
-#    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [tightBlocksworldAgent])
-#    7 VAL_PRESETS       agent presets to validate on                          (default [tightBlocksworldAgent])
+#    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [tightBlocksworldTurnsAgent])
+#    7 VAL_PRESETS       agent presets to validate on                          (default [tightBlocksworldTurnsAgent])
 #    8 GPUS_PER_NODE     GPUs per node (multi-node runs)                       (default: GPUS)
 #    9 PROJECT           WandB project, and runs/<project>/                    (default agentrl)
 #   10 EXPERIMENT        run name, and runs/<project>/<experiment>/            (default quick)
@@ -22,7 +22,7 @@
 #                        or a model folder / hub id                            (default embedded)
 #   12 TOTAL_STEPS       PPO steps                                             (default 8 on CPU)
 #   13 SFT_STEPS         warm-start steps before them: SFT on the game oracle's play, one
-#                        mini-batch of demonstrations each (train.sft_steps)  (default 32 on CPU)
+#                        mini-batch of demonstrations each (train.sft_steps)  (default 24 on CPU)
 # On the verl backend, 2-4 and 12 default to the hardware preset's values, 11 to qwen_halfb,
 # 13 to 0 (verl's SFT is its own command: agentrl sft backend=verl).
 # Anything after them is a hydra key=value override of configs/base.yaml, passed through.
@@ -43,18 +43,18 @@ source scripts/positional_args.sh
 setup_environment
 
 if has_cuda; then DEFAULT_GPUS=1; else DEFAULT_GPUS=0; fi
-DEFAULT_TRAIN_PRESETS="[tightBlocksworldAgent]"
-DEFAULT_VAL_PRESETS="[tightBlocksworldAgent]"
+DEFAULT_TRAIN_PRESETS="[tightBlocksworldTurnsAgent]"
+DEFAULT_VAL_PRESETS="[tightBlocksworldTurnsAgent]"
 DEFAULT_PROJECT=agentrl
 DEFAULT_EXPERIMENT=quick
 
 backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own sizes for verl
   if [[ $1 == local ]]; then
     DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
-    DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=8 DEFAULT_SFT_STEPS=32
-    # each of 256 demonstrations seen once; a whole SFT mini-batch in one pass, so the rules
-    # every demonstration shares run once (actor.shared_prefix_tokens)
-    DEFAULT_OVERRIDES=(sft.episodes=256 sft.micro_batch_size=8 val.test_freq=16)
+    DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=8 DEFAULT_SFT_STEPS=24
+    # each of 192 demonstrations seen once; validation before step 1, after the warm start
+    # and at the end
+    DEFAULT_OVERRIDES=(sft.episodes=192 val.test_freq=24)
   else
     DEFAULT_MODEL=qwen_halfb
   fi

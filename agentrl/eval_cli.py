@@ -103,9 +103,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "valid actions (the trainer's rollout.constrained_actions)")
     parser.add_argument("--max-batch", type=positive_int, default=16,
                         help="most replies decoded together (default 16)")
-    parser.add_argument("--prefix-cache-tokens", type=non_negative_int, default=16384,
+    parser.add_argument("--prefix-cache-tokens", type=non_negative_int, default=65536,
                         help="keys/values of past turns kept, so a turn reads only its new "
-                             "tokens (default 16384; 0 = off)")
+                             "tokens (default 65536; 0 = off)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is often faster on "
                              "a busy machine)")

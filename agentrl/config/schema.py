@@ -265,7 +265,7 @@ class RolloutConfig(Section):
     """Most generation requests decoded together in one forward pass."""
     max_wait_ms: float = setting(5.0, at_least(0), "a number >= 0")
     """How long the batcher waits for more requests after the first arrives."""
-    prefix_cache_tokens: int = setting(16384, at_least(0), "an integer >= 0")
+    prefix_cache_tokens: int = setting(65536, at_least(0), "an integer >= 0")
     """Keys/values of finished replies kept so the next turn reads only its new tokens (0 = off)."""
     filter_ratio: float = setting(1.0, lambda v: 0 < v <= 1, "a number in (0, 1]")
     """Share of groups kept per step, ranked by return std (1 = keep all)."""

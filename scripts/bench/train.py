@@ -5,7 +5,7 @@
     python scripts/bench/train.py critic.share_backbone=true lora.rank=8
 
 By default this is the step ``bash quick_train.sh`` runs on a CPU: the embedded model on the CPU
-preset (configs/hardware/cpu.yaml: 2 groups of 4 episodes), train preset ``tightBlocksworldAgent``.
+preset (configs/hardware/cpu.yaml: 2 groups of 4 episodes), train preset ``tightBlocksworldTurnsAgent``.
 Extra ``key=value`` arguments are hydra overrides of configs/base.yaml (the same as
 ``agentrl train``). The run writes into a temporary run_dir, without validation, checkpoints,
 WandB or plots, so only the training stages are timed. Stage shares are of the summed step
@@ -36,7 +36,7 @@ from agentrl.bench_cli import write_result
 from agentrl.config import compose_config
 from agentrl.trainers.local import LocalTrainer
 
-PRESETS = "[tightBlocksworldAgent]"
+PRESETS = "[tightBlocksworldTurnsAgent]"
 """quick_train.sh's default train and val presets."""
 STAGES = ("rollout", "filter", "old_logprobs", "ref", "values", "advantages", "critic", "actor")
 
@@ -69,13 +69,14 @@ def main(argv: list[str] | None = None) -> dict:
                 metrics = trainer.train_step(step)
                 metrics["wall_s"] = time.perf_counter() - start
                 metrics.update(_engine_delta(engine_before, trainer.llm.stats.as_dict()))
+                metrics["update_rows"] = float(tokens.pop())
                 metrics["update_tokens"] = float(tokens.pop())
                 steps.append(metrics)
             generation = trainer.llm.stats.as_dict()
-            tokens_per_row = sum(m["update_tokens"] for m in steps) / len(steps) / (
-                config.train.group_num * config.train.group_size)
-            bare = bare_update_tokens_per_s(trainer.actor, rows=config.train.group_num
-                                            * config.train.group_size,
+            rows = round(sum(m["update_rows"] for m in steps) / len(steps))
+            tokens_per_row = sum(m["update_tokens"] for m in steps) / len(steps) / rows
+            trainer.llm.prefix_cache.clear()  # the engine's stored turns: not the update's
+            bare = bare_update_tokens_per_s(trainer.actor, rows=rows,
                                             width=max(2, round(tokens_per_row)),
                                             micro_batch_size=config.actor.micro_batch_size)
         finally:
@@ -121,6 +122,7 @@ def _count_update_tokens(trainer: LocalTrainer) -> list[int]:
 
     def counting(batch, timer):
         box.append(int(batch["attention_mask"].sum()))
+        box.append(int(batch["attention_mask"].shape[0]))  # rows: one per context window
         return real(batch, timer)
 
     trainer._update = counting

@@ -53,15 +53,28 @@ def test_later_turns_read_only_their_new_tokens_and_decode_as_without_cache(tiny
                                              for p in set(map(tuple, prompts)))
 
 
-def test_a_prompt_that_does_not_extend_a_stored_one_is_read_whole(tiny):
-    _, tokenizer = tiny
-    llm = engine(tiny, 10_000)
+def test_a_prompt_that_shares_only_a_start_reads_the_rest_and_decodes_as_without_cache(tiny):
+    """A history window drops a turn from the middle of the conversation: the next prompt no
+    longer extends a stored turn, but it shares the episode's first message, which is reused."""
+    model, tokenizer = tiny
+    llm, plain = engine(tiny, 10_000), engine(tiny, 0)
     prompt = chat_prompts(tokenizer, 1)[0]
     (reply, _), = llm.generate_batch([prompt], GREEDY)
+    shared = len(prompt) - 1
+    assert shared >= llm.prefix_cache.min_shared
     changed = next_turn(tokenizer, prompt[:-1] + [prompt[-1] + 1], reply, " moved")
     read = llm.stats.prefill_tokens
-    llm.generate_batch([changed], GREEDY)
-    assert llm.stats.prefill_tokens - read == len(changed)
+    (ids, logprobs), = llm.generate_batch([changed], GREEDY)
+    assert llm.stats.prefill_tokens - read == len(changed) - shared
+    assert ids == plain.generate_batch([changed], GREEDY)[0][0]
+    forward = teacher_forced_logprobs(model, changed, ids)
+    assert torch.allclose(torch.tensor(logprobs), forward, atol=1e-4)
+    # under min_shared tokens in common: read whole
+    llm.prefix_cache.min_shared = shared + 1
+    other = next_turn(tokenizer, prompt[:-1] + [prompt[-1] + 2], reply, " moved")
+    read = llm.stats.prefill_tokens
+    llm.generate_batch([other], GREEDY)
+    assert llm.stats.prefill_tokens - read == len(other)
 
 
 def test_after_the_weights_change_clearing_the_cache_gives_the_new_models_tokens(tiny):
@@ -103,3 +116,20 @@ def test_store_keeps_the_longest_proper_prefix_and_evicts_the_oldest():
     assert len(store) == 0 and store.tokens == 0
     with pytest.raises(ValueError, match="max_tokens must be >= 0"):
         PrefixCache(-1)
+
+
+def test_a_turn_replaces_the_turn_it_extends():
+    """An episode's earlier turns leave the store when its next turn is stored: the live
+    conversations, not their history, fill the budget."""
+    def kv(n):
+        return [torch.zeros(1, n, 2)], [torch.zeros(1, n, 2)]
+
+    store = PrefixCache(max_tokens=12)
+    store.put([1, 2, 3], *kv(3))      # episode A, turn 1
+    store.put([5, 6, 7], *kv(3))      # episode B, turn 1
+    store.put([1, 2, 3, 4, 9], *kv(5))  # A, turn 2: its turn 1 goes
+    assert store.tokens == 8 and store.longest_prefix([1, 2, 3, 8]) is None
+    store.put([5, 6, 7, 8], *kv(4))   # B, turn 2 fits: 9 tokens live, nothing evicted
+    assert store.tokens == 9
+    assert store.longest_prefix([1, 2, 3, 4, 9, 0]).ids == (1, 2, 3, 4, 9)
+    assert store.longest_prefix([5, 6, 7, 8, 0]).ids == (5, 6, 7, 8)
