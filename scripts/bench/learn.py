@@ -1,6 +1,6 @@
 """Which recipe teaches a model a real game? Held-out greedy success before and after each.
 
-    python scripts/bench/learn.py                      # tightBlocksworldAgent, 5 recipes x 3 seeds
+    python scripts/bench/learn.py                      # tightBlocksworldTurnsAgent, 5 recipes x 3 seeds
     python scripts/bench/learn.py --recipes untrained sft sft_ppo --seeds 1 --minutes 30 threads=1
     python scripts/bench/learn.py --preset tightBlocksworldAgent --steps 40 lora.rank=8
     python scripts/bench/learn.py --preset first-token-bandit --recipes untrained ppo
@@ -107,9 +107,9 @@ BANDIT_RECIPES = ("untrained", "ppo")  # the bandit's task is its first free tok
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tightBlocksworldAgent",
+    parser.add_argument("--preset", default="tightBlocksworldTurnsAgent",
                         help=f"agent preset to train and evaluate on, or {BANDIT} "
-                             "(default tightBlocksworldAgent, quick_train.sh's)")
+                             "(default tightBlocksworldTurnsAgent, quick_train.sh's)")
     parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=None,
                         help="recipes to compare (default: all; the bandit: untrained ppo)")
     parser.add_argument("--seeds", type=int, default=3,
