@@ -15,6 +15,7 @@
 #    5 VAL_GROUP_SIZE    episodes per held-out game                            (default 1)
 #    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [tightBlocksworldTurnsAgent])
 #    7 VAL_PRESETS       agent presets to validate on                          (default [tightBlocksworldTurnsAgent])
+#                        (verl: [tightBlocksworldAgent]: it trains one row an episode, no history window)
 #    8 GPUS_PER_NODE     GPUs per node (multi-node runs)                       (default: GPUS)
 #    9 PROJECT           WandB project, and runs/<project>/                    (default agentrl)
 #   10 EXPERIMENT        run name, and runs/<project>/<experiment>/            (default quick)
@@ -43,19 +44,20 @@ source scripts/positional_args.sh
 setup_environment
 
 if has_cuda; then DEFAULT_GPUS=1; else DEFAULT_GPUS=0; fi
-DEFAULT_TRAIN_PRESETS="[tightBlocksworldTurnsAgent]"
-DEFAULT_VAL_PRESETS="[tightBlocksworldTurnsAgent]"
 DEFAULT_PROJECT=agentrl
 DEFAULT_EXPERIMENT=quick
 
 backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own sizes for verl
   if [[ $1 == local ]]; then
+    # one move a turn, one past turn kept: a history window verl cannot train (one row an episode)
+    DEFAULT_TRAIN_PRESETS="[tightBlocksworldTurnsAgent]" DEFAULT_VAL_PRESETS="[tightBlocksworldTurnsAgent]"
     DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
     DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=8 DEFAULT_SFT_STEPS=24
     # each of 192 demonstrations seen once, 4 in a pass (their shared rules run once a pass);
     # validation before step 1, after the warm start and at the end
     DEFAULT_OVERRIDES=(sft.episodes=192 sft.micro_batch_size=4 val.test_freq=24)
   else
+    DEFAULT_TRAIN_PRESETS="[tightBlocksworldAgent]" DEFAULT_VAL_PRESETS="[tightBlocksworldAgent]"
     DEFAULT_MODEL=qwen_halfb
   fi
 }

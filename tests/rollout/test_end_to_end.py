@@ -32,7 +32,12 @@ def test_every_preset_runs_in_groups(chatml_tokenizer):
         assert a.prompt_ids == b.prompt_ids  # the same game in one group
         assert a.num_turns >= 1 and sum(a.response_mask) > 0
     batch = to_batch(trajs, pad_token_id=tok.pad_token_id)
-    assert batch["input_ids"].shape[0] == len(trajs)
+    # one row an episode, more where a history window dropped turns (one row per window)
+    windowed = {i for i, t in enumerate(trajs) if PRESETS[t.preset].history_window}
+    rows = batch["episode_index"].tolist()
+    assert sorted(set(rows)) == list(range(len(trajs)))
+    assert all(rows.count(i) == 1 for i in range(len(trajs)) if i not in windowed)
+    assert any(rows.count(i) > 1 for i in windowed)
     assert batch["token_level_rewards"].sum().item() == pytest.approx(
         sum(t.episode_return for t in trajs), abs=1e-4)
     metrics = rollout_metrics(trajs, split="train")
