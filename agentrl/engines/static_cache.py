@@ -18,12 +18,6 @@ key/value heads (no copy). The layers' own modules (norms, projections, MLP, rot
 LoRA adapters if any) compute everything else, so a row's tokens and log-probs are those of the
 model's own forward pass (the tests compare them).
 
-The projections multiply by copies of their weights stored input-major (``[in, out]``,
-:func:`input_major`): at a decode step's few rows MKL's fp32 matmul runs ~1.7x faster on that
-layout than on ``nn.Linear``'s ``[out, in]`` (``scripts/bench/generate.py``). The copies are
-made once and again only after the weight changed (an optimizer step or a load bumps the
-tensor's version counter); LoRA-wrapped and non-CPU projections run their own modules.
-
 The prefill stays the model's forward with a ``DynamicCache``; :meth:`StaticCacheDecoder.build`
 copies it into the buffer once. Models whose attention differs (sliding windows, per-head
 norms, other architectures) keep the ``DynamicCache`` path (:func:`supports`).
@@ -32,13 +26,12 @@ norms, other architectures) keep the ``DynamicCache`` path (:func:`supports`).
 from __future__ import annotations
 
 import sys
-import weakref
 from collections.abc import Sequence
 from typing import Any
 
 import torch
 
-__all__ = ["StaticCacheDecoder", "input_major", "supports"]
+__all__ = ["StaticCacheDecoder", "supports"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 """Decoder-only models whose layers are exactly: RMSNorm, attention with q/k/v/o projections
@@ -64,49 +57,10 @@ def supports(model: Any) -> bool:
     layers = getattr(decoder, "layers", None)
     if layers is None or not hasattr(lm, "lm_head"):
         return False
-    attention, mlp = layers[0].self_attn, layers[0].mlp
+    attention = layers[0].self_attn
     return (all(hasattr(attention, name) for name in ("q_proj", "k_proj", "v_proj", "o_proj"))
-            and all(hasattr(mlp, name) for name in ("gate_proj", "up_proj", "down_proj", "act_fn"))
             and not hasattr(attention, "q_norm")
             and hasattr(sys.modules[type(attention).__module__], "apply_rotary_pos_emb"))
-
-
-INPUT_MAJOR_WEIGHTS = True
-"""Multiply by input-major weight copies (False: ``nn.Linear``'s own, for the benchmark's
-side-by-side comparison)."""
-
-_INPUT_MAJOR: dict[int, tuple[weakref.ref, int, torch.Tensor]] = {}
-"""``id(weight)`` -> (the weight, its version when copied, the input-major copy); an entry
-leaves with its weight."""
-
-
-def input_major(weight: torch.Tensor) -> torch.Tensor:
-    """``weight.T`` made contiguous (``[in, out]``), copied again only after ``weight`` changed
-    in place (optimizer steps and ``load_state_dict`` bump ``weight._version``)."""
-    key = id(weight)
-    cached = _INPUT_MAJOR.get(key)
-    if cached is None or cached[0]() is not weight or cached[1] != weight._version:
-        forget = weakref.ref(weight, lambda _, key=key: _INPUT_MAJOR.pop(key, None))
-        cached = _INPUT_MAJOR[key] = (forget, weight._version, weight.detach().t().contiguous())
-    return cached[2]
-
-
-def project(linear: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """``linear(hidden)`` for ``hidden`` ``[rows, 1, in]``, by the input-major weight where
-    ``linear`` is a plain CPU ``nn.Linear`` (its own forward otherwise: LoRA, other devices)."""
-    if (not INPUT_MAJOR_WEIGHTS or type(linear) is not torch.nn.Linear
-            or hidden.device.type != "cpu"):
-        return linear(hidden)
-    flat = hidden.reshape(hidden.shape[0], -1)
-    weight = input_major(linear.weight)
-    out = flat @ weight if linear.bias is None else torch.addmm(linear.bias, flat, weight)
-    return out.view(hidden.shape[0], 1, -1)
-
-
-def mlp_forward(mlp: Any, hidden: torch.Tensor) -> torch.Tensor:
-    """The gated MLP of Llama, Qwen2 and Mistral: ``down(act(gate(x)) * up(x))``."""
-    gated = mlp.act_fn(project(mlp.gate_proj, hidden)) * project(mlp.up_proj, hidden)
-    return project(mlp.down_proj, gated)
 
 
 class StaticCacheDecoder:
@@ -170,7 +124,7 @@ class StaticCacheDecoder:
             attended = self._attend(layer.self_attn, layer.input_layernorm(hidden), cos, sin,
                                     bias, index)
             hidden = hidden + attended
-            hidden = hidden + mlp_forward(layer.mlp, layer.post_attention_layernorm(hidden))
+            hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.length = column + 1
         hidden = self.decoder.norm(hidden)
         return self.lm.lm_head(hidden[:, -1]).float()
@@ -179,9 +133,9 @@ class StaticCacheDecoder:
                 index: int) -> torch.Tensor:
         """One layer's attention output ``[rows, 1, hidden]`` for the new token."""
         rows, dim, kv_heads = hidden.shape[0], self.head_dim, self.kv_heads
-        query = project(attention.q_proj, hidden).view(rows, 1, -1, dim).transpose(1, 2)
-        key = project(attention.k_proj, hidden).view(rows, 1, -1, dim).transpose(1, 2)
-        value = project(attention.v_proj, hidden).view(rows, 1, -1, dim).transpose(1, 2)
+        query = attention.q_proj(hidden).view(rows, 1, -1, dim).transpose(1, 2)
+        key = attention.k_proj(hidden).view(rows, 1, -1, dim).transpose(1, 2)
+        value = attention.v_proj(hidden).view(rows, 1, -1, dim).transpose(1, 2)
         query, key = self.rotate(query, key, cos, sin)
         column = self.length
         keys, values = self.keys[index][:rows], self.values[index][:rows]
@@ -192,7 +146,7 @@ class StaticCacheDecoder:
         scores = torch.matmul(grouped, keys[..., : column + 1]) * self.scaling
         weights = torch.softmax(scores + bias, dim=-1, dtype=torch.float32).to(query.dtype)
         out = torch.matmul(weights, values[:, :, : column + 1])  # [rows, kv_heads, group, dim]
-        return project(attention.o_proj, out.reshape(rows, 1, -1))
+        return attention.o_proj(out.reshape(rows, 1, -1))
 
     def keep(self, kept: Sequence[int]) -> None:
         """Keep only the rows ``kept`` (ascending), moved to the front of the buffers."""

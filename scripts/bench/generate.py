@@ -32,12 +32,8 @@ takes at least ``max(bytes / bandwidth, b * FLOPs / matmul rate)``: the roofline
 batch 1 is bandwidth bound, at batch 16 near the crossover. Each row reports that bound
 (``roofline_tokens_per_second``, which limit binds) and ``roofline_share``: its decode
 tokens/s over it. ``matmuls ms`` (``weight_matmul_ms``) times the step's weight matmuls alone
-at that batch size, as the engine runs them: the floor the BLAS kernels set for ``ms/step``,
-which is where a CPU's small-batch fp32 GEMMs fall short of the roofline.
-
-**Weight layout.** The engine's decode multiplies by input-major copies of the weights
-(:func:`agentrl.engines.static_cache.input_major`); ``--compare-layout`` alternates each run
-with ``nn.Linear``'s own out-major layout, so the table shows the two side by side.
+at that batch size (``F.linear`` over every linear layer): the floor the BLAS kernels set for
+``ms/step``, which is where a CPU's small-batch fp32 GEMMs fall short of the roofline.
 """
 
 from __future__ import annotations
@@ -55,7 +51,6 @@ import dataclasses
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.bench_cli import device_name, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.engines import static_cache
 from agentrl.engines.static_cache import causal_lm
 from agentrl.models import end_of_turn_ids, load_model
 
@@ -133,21 +128,16 @@ def model_costs(model) -> dict:
 
 
 def weight_matmul_ms(model, batch: int, repeats: int = 3) -> float:
-    """Milliseconds a step's weight matmuls alone take at ``batch`` rows, as the engine runs
-    them (every linear layer, lm_head included; input-major copies where it uses them): what
-    the BLAS kernels allow, below the roofline."""
+    """Milliseconds a step's weight matmuls alone take at ``batch`` rows (``F.linear`` over
+    every linear layer, lm_head included): what the BLAS kernels allow, below the roofline."""
     lm = causal_lm(model)
-    linears = [m for m in lm.modules() if isinstance(m, torch.nn.Linear)]
-    device = linears[0].weight.device
-    inputs = {m.in_features: torch.randn(batch, 1, m.in_features, device=device)
-              for m in linears}
+    weights = [m.weight for m in lm.modules() if isinstance(m, torch.nn.Linear)]
+    device = weights[0].device
+    inputs = {w.shape[1]: torch.randn(batch, w.shape[1], device=device) for w in weights}
     with torch.inference_mode():
         def run():
-            for linear in linears:
-                if linear is lm.lm_head:
-                    linear(inputs[linear.in_features])
-                else:
-                    static_cache.project(linear, inputs[linear.in_features])
+            for weight in weights:
+                torch.nn.functional.linear(inputs[weight.shape[1]], weight)
         run()
         start = time.perf_counter()
         for _ in range(repeats):
@@ -206,9 +196,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--constrained", action="store_true",
                         help="also decode under constrained action decoding (two grammars)")
-    parser.add_argument("--compare-layout", action="store_true",
-                        help="also decode with nn.Linear's own weight layout (out-major), "
-                             "alternated with the engine's input-major copies")
     parser.add_argument("--out", default="bench_results/generate.json")
     args = parser.parse_args(argv)
     if args.threads:
@@ -233,32 +220,26 @@ def main(argv: list[str] | None = None) -> None:
                                             stop_token_ids=stop))
                  for name, grammar in GRAMMARS.items()]
     rows = []
-    layouts = ("input-major", "out-major") if args.compare_layout else ("input-major",)
     for size in args.batch_sizes:
         for name, run in runs:
-            for layout in layouts:
-                static_cache.INPUT_MAJOR_WEIGHTS = layout == "input-major"
-                row = bench(llm, prompts, size, run, name)
-                row["weight_layout"] = layout
-                row.update(roofline(machine, costs, size, context))
-                row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
-                row["roofline_share"] = round(
-                    row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
-                rows.append(row)
-                print(rows[-1], flush=True)  # each row as it is measured: a long run keeps them
-    static_cache.INPUT_MAJOR_WEIGHTS = True
+            row = bench(llm, prompts, size, run, name)
+            row.update(roofline(machine, costs, size, context))
+            row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
+            row["roofline_share"] = round(
+                row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
+            rows.append(row)
+            print(rows[-1], flush=True)  # each row as it is measured: a long run keeps them
     llm.close()
 
     base = rows[0]["tokens_per_second"]
     table = Table(title=f"{args.model} on {args.device}: {args.max_new_tokens} new tokens/prompt")
-    columns = ("decoding", "weights", "batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s",
+    columns = ("decoding", "batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s",
                "ms/step", "matmuls ms", "mask %", "speed-up", "roofline tok/s", "of roofline")
     for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
             row["decoding"],
-            row["weight_layout"],
             str(row["batch_size"]),
             str(row["generated_tokens"]),
             f"{row['seconds']:.2f}",

@@ -43,12 +43,8 @@ def test_the_json_carries_the_roofline_and_each_rows_share(tmp_path, load_script
     bench = load_script("scripts/bench/generate.py")
     out = tmp_path / "generate.json"
     bench.main(["--model", "tiny", "--batch-sizes", "1", "2", "--prompts", "2",
-                "--max-new-tokens", "4", "--compare-layout", "--out", str(out)])
+                "--max-new-tokens", "4", "--out", str(out)])
     result = json.loads(out.read_text())
-    layouts = [(row["batch_size"], row["weight_layout"]) for row in result["rows"]]
-    assert layouts == [(1, "input-major"), (1, "out-major"), (2, "input-major"), (2, "out-major")]
-    from agentrl.engines import static_cache
-    assert static_cache.INPUT_MAJOR_WEIGHTS  # the comparison leaves the engine's default on
     assert result["machine"]["matmul_gflops"] > 0 and result["machine"]["read_gbps"] > 0
     for row in result["rows"]:
         assert row["roofline_share"] == pytest.approx(

@@ -169,33 +169,3 @@ def test_lora_adapters_are_applied_in_the_static_decode(tiny):
     assert_same(results, plain.generate_batch(prompts, GREEDY), adapted, prompts)
     base = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=()).generate_batch(prompts, GREEDY)
     assert [ids for ids, _ in results] != [ids for ids, _ in base]
-
-
-def test_decode_follows_the_weights_after_an_in_place_update(tiny):
-    """The input-major weight copies are made again after an optimizer step changed the
-    weights: the next rollout is the updated model's, not the old one's."""
-    model, tokenizer = tiny
-    fast, plain = engines(model, tokenizer, eos_token_ids=())
-    prompts = chat_prompts(tokenizer, 3)
-    before = fast.generate_batch(prompts, GREEDY)
-    assert_same(before, plain.generate_batch(prompts, GREEDY), model, prompts)
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.5)
-    loss = sum(p.square().sum() for n, p in model.named_parameters() if "proj" in n)
-    loss.backward()
-    optimizer.step()  # an in-place update of every projection
-    after = fast.generate_batch(prompts, GREEDY)
-    assert [ids for ids, _ in after] != [ids for ids, _ in before]
-    assert_same(after, plain.generate_batch(prompts, GREEDY), model, prompts)
-
-
-def test_input_major_copies_follow_their_weight():
-    weight = torch.randn(5, 3)
-    copy = static_cache.input_major(weight)
-    assert torch.equal(copy, weight.T) and copy.is_contiguous()
-    assert static_cache.input_major(weight) is copy  # unchanged: the same copy
-    with torch.no_grad():
-        weight.mul_(2)
-    assert torch.equal(static_cache.input_major(weight), weight.T)
-    key = id(weight)
-    del weight, copy
-    assert key not in static_cache._INPUT_MAJOR  # the entry leaves with its weight
