@@ -69,8 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
                 metrics = trainer.train_step(step)
                 metrics["wall_s"] = time.perf_counter() - start
                 metrics.update(_engine_delta(engine_before, trainer.llm.stats.as_dict()))
-                metrics["update_rows"] = float(tokens.pop())
-                metrics["update_tokens"] = float(tokens.pop())
+                update_tokens, update_rows = tokens.pop()
+                metrics["update_tokens"], metrics["update_rows"] = update_tokens, update_rows
                 steps.append(metrics)
             generation = trainer.llm.stats.as_dict()
             rows = round(sum(m["update_rows"] for m in steps) / len(steps))
@@ -115,14 +115,14 @@ def bare_update_tokens_per_s(model, *, rows: int, width: int, micro_batch_size: 
     return rows * width / one_step()
 
 
-def _count_update_tokens(trainer: LocalTrainer) -> list[int]:
-    """Hook the batch builder to count the tokens the update reads (set per step)."""
-    box: list[int] = []
+def _count_update_tokens(trainer: LocalTrainer) -> list[tuple[int, int]]:
+    """Hook the batch builder to count the tokens and rows the update reads (set per step)."""
+    box: list[tuple[int, int]] = []
     real = trainer._update
 
     def counting(batch, timer):
-        box.append(int(batch["attention_mask"].sum()))
-        box.append(int(batch["attention_mask"].shape[0]))  # rows: one per context window
+        mask = batch["attention_mask"]
+        box.append((int(mask.sum()), mask.shape[0]))  # tokens, rows (one per context window)
         return real(batch, timer)
 
     trainer._update = counting
