@@ -73,6 +73,7 @@ from agentrl.trainers.checkpoint import (
     capture_rng_state, load_checkpoint, restore_rng_state, restore_weights, resume_checkpoint,
     save_checkpoint,
 )
+from agentrl.trainers.device import resolve_device
 from agentrl.trainers.episode_log import EpisodeLog
 from agentrl.trainers.guards import (
     all_finite, collapse_metrics, logprob_gap, warn_if_entropy_collapsed,
@@ -127,7 +128,7 @@ class LocalTrainer:
         self._seed_everything(config.seed)
         if config.threads > 0:
             torch.set_num_threads(config.threads)
-        self.device = _device(config.device)
+        self.device = resolve_device(config.device)
         r = config.rollout
         self.train_presets = config.playing_presets(config.train.presets, r.max_new_tokens)
         self.val_presets = dict(config.playing_presets(
@@ -651,12 +652,3 @@ class LocalTrainer:
         vpred_mean = float((vpreds.detach() * mask).sum() / mask.sum().clamp(min=1))
         return loss, {"critic/vf_loss": float(loss.detach())}, {"critic/vf_clipfrac": clipfrac,
                                                                 "critic/vpred_mean": vpred_mean}
-
-
-def _device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device=cuda but no CUDA device is available; use device=cpu or auto")
-    return torch.device(name)
-

@@ -57,69 +57,14 @@ from agentrl.rollout import to_batch
 from agentrl.rollout.demonstrations import DEMO_SEED_OFFSET
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.checkpoint import save_checkpoint
-from agentrl.trainers.local import _device
-from agentrl.trainers.microbatch import micro_rows
-from agentrl.trainers.policy import backbone_of
-from agentrl.trainers.shared_prefix import shared_prefix_inputs
-from agentrl.trainers.warm_start import oracle_demonstrations, sft_update, update_rows
+from agentrl.trainers.device import resolve_device
+from agentrl.trainers.imitation import oracle_demonstrations, sft_update, update_rows
 
-__all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult", "accumulate_gradients", "loss_mask",
-           "masked_logprobs"]
+__all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult"]
 
 log = logging.getLogger("agentrl.sft")
 
 SUMMARY_FILE = "sft_summary.json"
-
-
-def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """Which response tokens the cross-entropy reads: the model's own (``response_mask``)."""
-    return batch["response_mask"]
-
-
-def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch.Tensor,
-                         micro_batch_size: int, shared_prefix_tokens: int = 0) -> float:
-    """Backward the token-mean NLL of ``batch[rows]`` micro-batch by micro-batch; returns it.
-
-    Each micro-batch contributes ``sum(-logprob * mask) / tokens`` with ``tokens`` counted over
-    all of ``rows``, so the summed gradients are those of the whole mini-batch at once. The
-    leading tokens a micro-batch's rows share (the system prompt and instructions of a preset)
-    run once when there are at least ``shared_prefix_tokens`` of them
-    (:mod:`agentrl.trainers.shared_prefix`; 0 = off).
-    """
-    tokens = float(loss_mask(batch)[rows].sum())
-    if tokens == 0:
-        return 0.0
-    total = 0.0
-    for start in range(0, len(rows), micro_batch_size):
-        micro = micro_rows(batch, rows[start:start + micro_batch_size])
-        loss = -masked_logprobs(model, micro, loss_mask(micro),
-                                shared_prefix_tokens=shared_prefix_tokens).sum() / tokens
-        loss.backward()
-        total += float(loss.detach())
-    return total
-
-
-def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor, *,
-                    shared_prefix_tokens: int = 0) -> torch.Tensor:
-    """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``.
-
-    As :func:`agentrl.trainers.policy.response_logprobs` (response token ``i`` is predicted at
-    position ``P - 1 + i``), but the LM head runs only at the masked positions: observations
-    are most of a multi-turn response, and their logits (vocabulary-wide) would be thrown away.
-    """
-    device = next(model.parameters()).device
-    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask",
-                                                     "position_ids")}
-    responses = batch["responses"].to(device)
-    backbone = backbone_of(model)
-    inputs = shared_prefix_inputs(backbone, backbone, inputs, response_length=responses.shape[1],
-                                  min_tokens=shared_prefix_tokens)
-    hidden = backbone(**inputs).last_hidden_state
-    rows, columns = mask.to(device).nonzero(as_tuple=True)
-    before = hidden[:, -responses.shape[1] - 1:-1][rows, columns]
-    logits = model.get_output_embeddings()(before).float()
-    chosen = logits.gather(-1, responses[rows, columns].unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
 
 
 @dataclass(frozen=True)
@@ -165,7 +110,7 @@ class SFTTrainer:
         torch.manual_seed(config.seed)
         if config.threads > 0:
             torch.set_num_threads(config.threads)
-        self.device = _device(config.device)
+        self.device = resolve_device(config.device)
         self.model, self.tokenizer = load_model(config.model.name, device=self.device,
                                                 dtype=config.model.dtype,
                                                 chat_template=config.model.chat_template)

@@ -13,69 +13,22 @@ Step ``k`` is mini-batch ``k`` of the oracle's demonstrations (``sft.episodes`` 
 ``sft.presets``, played once on first use): epoch ``e`` visits them in the order
 ``randperm(n)`` seeded by ``seed + e``, so a resumed run takes the same mini-batches it would
 have taken (``sft.epochs`` is not read: the steps set how many passes there are). The loss and
-its exact accumulation are :func:`agentrl.trainers.sft.accumulate_gradients`. The AdamW of
+its exact accumulation are :func:`agentrl.trainers.imitation.accumulate_gradients`. The AdamW of
 these steps (``sft.lr``) is its own and is not checkpointed: a run resumed inside the warm
 start restarts its moments, never its weights.
 """
 
 from __future__ import annotations
 
-import logging
 import math
 from typing import Any
 
 import torch
 
 from agentrl.rollout import to_batch
-from agentrl.rollout.demonstrations import demonstration_seeds, play_demonstrations
+from agentrl.trainers.imitation import oracle_demonstrations, sft_update, update_rows
 
-__all__ = ["WarmStart", "oracle_demonstrations", "sft_update", "update_rows"]
-
-log = logging.getLogger("agentrl.warm_start")
-
-
-def update_rows(n: int, mini_batch_size: int, seed: int, update: int) -> torch.Tensor:
-    """The demonstrations (row indices) of SFT update ``update`` (from 0) over ``n`` of them:
-    consecutive mini-batches of one seeded shuffle per epoch (the last one may be short)."""
-    per_epoch = math.ceil(n / mini_batch_size)
-    epoch, index = divmod(update, per_epoch)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-    return order[index * mini_batch_size:(index + 1) * mini_batch_size]
-
-
-def oracle_demonstrations(config: Any, tokenizer: Any, loop: Any,
-                          on_episode_done: Any = None) -> list:
-    """The oracle's ``sft.episodes`` episodes of the SFT presets, in the RL token layout
-    (:func:`agentrl.rollout.demonstrations.play_demonstrations`)."""
-    sft = config.sft
-    kept = loop.run_until_complete(play_demonstrations(
-        config.playing_presets(config.sft_presets, config.rollout.max_new_tokens), tokenizer,
-        demonstration_seeds(sft.episodes), max_context_tokens=config.rollout.max_context_tokens,
-        max_new_tokens=config.rollout.max_new_tokens,
-        random_action_share=sft.random_action_share, seed=config.seed,
-        on_episode_done=on_episode_done))
-    if not kept:
-        raise ValueError(f"no demonstration was kept of sft.episodes={sft.episodes}: every "
-                         "episode had a random turn and ended unsolved; lower "
-                         "sft.random_action_share")
-    return kept
-
-
-def sft_update(model: Any, params: list, optim: Any, batch: dict[str, torch.Tensor],
-               rows: torch.Tensor, config: Any) -> tuple[float, float]:
-    """One SFT update on ``batch[rows]``: exact accumulation, grad-norm clip, AdamW; a
-    non-finite loss or gradient skips the step. Returns the loss and the gradient norm."""
-    from agentrl.trainers.sft import accumulate_gradients
-
-    optim.zero_grad(set_to_none=True)
-    loss = accumulate_gradients(model, batch, rows, config.sft.micro_batch_size,
-                                config.actor.shared_prefix_tokens)
-    norm = float(torch.nn.utils.clip_grad_norm_(params, config.sft.grad_clip))
-    if math.isfinite(loss) and math.isfinite(norm):
-        optim.step()
-    else:
-        log.warning("non-finite SFT loss or gradient: update skipped")
-    return loss, norm
+__all__ = ["WarmStart"]
 
 
 class WarmStart:

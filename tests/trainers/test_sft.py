@@ -21,7 +21,7 @@ from agentrl.envs.splits import split_seeds
 from agentrl.rollout import run_episode, to_batch
 from agentrl.rollout.episode import first_prompt_ids
 from agentrl.rollout.demonstrations import demonstration_messages, play_demonstrations
-from agentrl.trainers import sft
+from agentrl.trainers import imitation, sft
 
 EPISODES = 4
 TURNS = 2
@@ -71,7 +71,7 @@ def shifted_by_one(batch):
 @pytest.mark.slow
 def test_sft_replays_the_oracle_on_its_seeds(tmp_path, monkeypatch, one_torch_thread):
     if os.environ.get("AGENTRL_SFT_MASK_SHIFT") == "1":
-        monkeypatch.setattr(sft, "loss_mask", shifted_by_one)
+        monkeypatch.setattr(imitation, "loss_mask", shifted_by_one)
     config = sft_config(tmp_path)
     trainer = sft.SFTTrainer(config)
     try:
@@ -144,7 +144,7 @@ def replay_demonstrations(tokenizer, count: int = 4):
 
 def loss_and_gradients(model, batch, rows, micro, shared_prefix_tokens=0):
     model.zero_grad(set_to_none=True)
-    loss = sft.accumulate_gradients(model, batch, rows, micro, shared_prefix_tokens)
+    loss = imitation.accumulate_gradients(model, batch, rows, micro, shared_prefix_tokens)
     grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
     model.zero_grad(set_to_none=True)
     return loss, grads
@@ -207,7 +207,7 @@ def test_checkpoint_is_a_plain_model_that_train_and_eval_start_from(tmp_path):
         batch = to_batch(trainer.demonstrations(), trainer.tokenizer.pad_token_id)
         trained = trainer.model  # merged by save: a plain model now
         with torch.no_grad():
-            expected = sft.masked_logprobs(trained, batch, batch["response_mask"])
+            expected = imitation.masked_logprobs(trained, batch, batch["response_mask"])
     finally:
         trainer.close()
     assert result.updates == 2 and result.checkpoint.parent.name == "checkpoints"
@@ -217,10 +217,10 @@ def test_checkpoint_is_a_plain_model_that_train_and_eval_start_from(tmp_path):
     loaded, _ = load_model(train_config.model.name)
     assert not any("lora" in name for name, _ in loaded.named_parameters())
     with torch.no_grad():
-        torch.testing.assert_close(sft.masked_logprobs(loaded, batch, batch["response_mask"]),
+        torch.testing.assert_close(imitation.masked_logprobs(loaded, batch, batch["response_mask"]),
                                    expected)
         base, _ = load_model("tiny")
-        assert not torch.allclose(sft.masked_logprobs(base, batch, batch["response_mask"]),
+        assert not torch.allclose(imitation.masked_logprobs(base, batch, batch["response_mask"]),
                                   expected, atol=1e-3)  # the adapters did change the model
     assert model_path(str(result.checkpoint.parent.parent)).endswith("actor")  # agentrl eval
 

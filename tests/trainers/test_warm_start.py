@@ -11,7 +11,7 @@ from agentrl.config import build_config, compose_config
 from agentrl.rollout.demonstrations import demonstration_seeds
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.tracking import read_metrics
-from agentrl.trainers.warm_start import update_rows
+from agentrl.trainers.imitation import update_rows
 from test_sft import EPISODES, replay, sft_config
 
 SFT_STEPS = 60

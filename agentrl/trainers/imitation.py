@@ -1,0 +1,122 @@
+"""The supervised loss on demonstrations, shared by ``agentrl sft`` and the warm start in a run.
+
+    batch = to_batch(oracle_demonstrations(config, tokenizer, loop), pad_token_id)
+    rows = update_rows(n, config.sft.mini_batch_size, config.seed, update)
+    loss, grad_norm = sft_update(model, params, optim, batch, rows, config)
+
+The loss of a mini-batch is the mean negative log-likelihood over every reply token in it
+(:func:`loss_mask`: ``response_mask``, 1 on the model's own tokens); micro-batches add their
+parts of it exactly (:func:`accumulate_gradients`). Neither trainer is imported here:
+:mod:`agentrl.trainers.sft` and :mod:`agentrl.trainers.warm_start` both build on this module.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import Any
+
+import torch
+
+from agentrl.rollout.demonstrations import demonstration_seeds, play_demonstrations
+from agentrl.trainers.microbatch import micro_rows
+from agentrl.trainers.policy import backbone_of
+from agentrl.trainers.shared_prefix import shared_prefix_inputs
+
+__all__ = ["accumulate_gradients", "loss_mask", "masked_logprobs", "oracle_demonstrations",
+           "sft_update", "update_rows"]
+
+log = logging.getLogger("agentrl.sft")
+
+
+def update_rows(n: int, mini_batch_size: int, seed: int, update: int) -> torch.Tensor:
+    """The demonstrations (row indices) of SFT update ``update`` (from 0) over ``n`` of them:
+    consecutive mini-batches of one seeded shuffle per epoch (the last one may be short)."""
+    per_epoch = math.ceil(n / mini_batch_size)
+    epoch, index = divmod(update, per_epoch)
+    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
+    return order[index * mini_batch_size:(index + 1) * mini_batch_size]
+
+
+def oracle_demonstrations(config: Any, tokenizer: Any, loop: Any,
+                          on_episode_done: Any = None) -> list:
+    """The oracle's ``sft.episodes`` episodes of the SFT presets, in the RL token layout
+    (:func:`agentrl.rollout.demonstrations.play_demonstrations`)."""
+    sft = config.sft
+    kept = loop.run_until_complete(play_demonstrations(
+        config.playing_presets(config.sft_presets, config.rollout.max_new_tokens), tokenizer,
+        demonstration_seeds(sft.episodes), max_context_tokens=config.rollout.max_context_tokens,
+        max_new_tokens=config.rollout.max_new_tokens,
+        random_action_share=sft.random_action_share, seed=config.seed,
+        on_episode_done=on_episode_done))
+    if not kept:
+        raise ValueError(f"no demonstration was kept of sft.episodes={sft.episodes}: every "
+                         "episode had a random turn and ended unsolved; lower "
+                         "sft.random_action_share")
+    return kept
+
+
+def sft_update(model: Any, params: list, optim: Any, batch: dict[str, torch.Tensor],
+               rows: torch.Tensor, config: Any) -> tuple[float, float]:
+    """One SFT update on ``batch[rows]``: exact accumulation, grad-norm clip, AdamW; a
+    non-finite loss or gradient skips the step. Returns the loss and the gradient norm."""
+    optim.zero_grad(set_to_none=True)
+    loss = accumulate_gradients(model, batch, rows, config.sft.micro_batch_size,
+                                config.actor.shared_prefix_tokens)
+    norm = float(torch.nn.utils.clip_grad_norm_(params, config.sft.grad_clip))
+    if math.isfinite(loss) and math.isfinite(norm):
+        optim.step()
+    else:
+        log.warning("non-finite SFT loss or gradient: update skipped")
+    return loss, norm
+
+
+def loss_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Which response tokens the cross-entropy reads: the model's own (``response_mask``)."""
+    return batch["response_mask"]
+
+
+def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch.Tensor,
+                         micro_batch_size: int, shared_prefix_tokens: int = 0) -> float:
+    """Backward the token-mean NLL of ``batch[rows]`` micro-batch by micro-batch; returns it.
+
+    Each micro-batch contributes ``sum(-logprob * mask) / tokens`` with ``tokens`` counted over
+    all of ``rows``, so the summed gradients are those of the whole mini-batch at once. The
+    leading tokens a micro-batch's rows share (the system prompt and instructions of a preset)
+    run once when there are at least ``shared_prefix_tokens`` of them
+    (:mod:`agentrl.trainers.shared_prefix`; 0 = off).
+    """
+    tokens = float(loss_mask(batch)[rows].sum())
+    if tokens == 0:
+        return 0.0
+    total = 0.0
+    for start in range(0, len(rows), micro_batch_size):
+        micro = micro_rows(batch, rows[start:start + micro_batch_size])
+        loss = -masked_logprobs(model, micro, loss_mask(micro),
+                                shared_prefix_tokens=shared_prefix_tokens).sum() / tokens
+        loss.backward()
+        total += float(loss.detach())
+    return total
+
+
+def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor, *,
+                    shared_prefix_tokens: int = 0) -> torch.Tensor:
+    """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``.
+
+    As :func:`agentrl.trainers.policy.response_logprobs` (response token ``i`` is predicted at
+    position ``P - 1 + i``), but the LM head runs only at the masked positions: observations
+    are most of a multi-turn response, and their logits (vocabulary-wide) would be thrown away.
+    """
+    device = next(model.parameters()).device
+    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask",
+                                                     "position_ids")}
+    responses = batch["responses"].to(device)
+    backbone = backbone_of(model)
+    inputs = shared_prefix_inputs(backbone, backbone, inputs, response_length=responses.shape[1],
+                                  min_tokens=shared_prefix_tokens)
+    hidden = backbone(**inputs).last_hidden_state
+    rows, columns = mask.to(device).nonzero(as_tuple=True)
+    before = hidden[:, -responses.shape[1] - 1:-1][rows, columns]
+    logits = model.get_output_embeddings()(before).float()
+    chosen = logits.gather(-1, responses[rows, columns].unsqueeze(-1)).squeeze(-1)
+    return chosen - torch.logsumexp(logits, dim=-1)
