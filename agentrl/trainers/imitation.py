@@ -19,9 +19,9 @@ from typing import Any
 import torch
 
 from agentrl.rollout.demonstrations import demonstration_seeds, play_demonstrations
-from agentrl.trainers.microbatch import micro_rows
+from agentrl.trainers.microbatch import micro_rows, prefix_order
 from agentrl.trainers.policy import backbone_of
-from agentrl.trainers.shared_prefix import shared_prefix_inputs
+from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs, shared_prefix_inputs
 
 __all__ = ["accumulate_gradients", "loss_mask", "masked_logprobs", "oracle_demonstrations",
            "sft_update", "update_rows"]
@@ -82,25 +82,31 @@ def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch
 
     Each micro-batch contributes ``sum(-logprob * mask) / tokens`` with ``tokens`` counted over
     all of ``rows``, so the summed gradients are those of the whole mini-batch at once. The
-    leading tokens a micro-batch's rows share (the system prompt and instructions of a preset)
-    run once when there are at least ``shared_prefix_tokens`` of them
-    (:mod:`agentrl.trainers.shared_prefix`; 0 = off).
+    leading tokens a run of micro-batches' rows share (the system prompt and instructions of a
+    preset, an episode's first prompt) run once when there are at least ``shared_prefix_tokens``
+    of them (:mod:`agentrl.trainers.shared_prefix`; 0 = off).
     """
     tokens = float(loss_mask(batch)[rows].sum())
     if tokens == 0:
         return 0.0
     total = 0.0
-    for start in range(0, len(rows), micro_batch_size):
-        micro = micro_rows(batch, rows[start:start + micro_batch_size])
-        loss = -masked_logprobs(model, micro, loss_mask(micro),
-                                shared_prefix_tokens=shared_prefix_tokens).sum() / tokens
-        loss.backward()
-        total += float(loss.detach())
+    if shared_prefix_tokens:  # rows that start alike side by side; the sum is the same
+        rows = prefix_order(batch, rows)
+    for run in plan_prefix_runs(batch, rows, micro_batch_size, shared_prefix_tokens):
+        for part in run.micro_batches:
+            micro = micro_rows(batch, part)
+            loss = -masked_logprobs(model, micro, loss_mask(micro),
+                                    shared_prefix_tokens=shared_prefix_tokens,
+                                    prefix=run.prefix("model")).sum() / tokens
+            loss.backward()
+            total += float(loss.detach())
+        run.backward()
     return total
 
 
 def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor, *,
-                    shared_prefix_tokens: int = 0) -> torch.Tensor:
+                    shared_prefix_tokens: int = 0, prefix: SharedPrefix | None = None
+                    ) -> torch.Tensor:
     """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``.
 
     As :func:`agentrl.trainers.policy.response_logprobs` (response token ``i`` is predicted at
@@ -113,7 +119,7 @@ def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tens
     responses = batch["responses"].to(device)
     backbone = backbone_of(model)
     inputs = shared_prefix_inputs(backbone, backbone, inputs, response_length=responses.shape[1],
-                                  min_tokens=shared_prefix_tokens)
+                                  min_tokens=shared_prefix_tokens, prefix=prefix)
     hidden = backbone(**inputs).last_hidden_state
     rows, columns = mask.to(device).nonzero(as_tuple=True)
     before = hidden[:, -responses.shape[1] - 1:-1][rows, columns]

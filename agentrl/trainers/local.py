@@ -81,6 +81,7 @@ from agentrl.trainers.guards import (
 from agentrl.trainers.microbatch import micro_rows, pad_responses, prefix_order
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.policy import ValueModel, checkpointing, response_logprobs
+from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.tracking import RunTracker
 from agentrl.trainers.warm_start import WarmStart
 
@@ -374,27 +375,31 @@ class LocalTrainer:
         temperature, share = self._temperature(), self.config.actor.shared_prefix_tokens
         shared = self.critic is not None and self.critic.shared
         order = self._micro_order(batch, torch.arange(n))
-        for start in range(0, n, size):
-            micro = micro_rows(batch, order[start:start + size])
-            if old_logprobs or shared:
-                with timer("old_logprobs"), self._precision():
-                    old, _, features = response_logprobs(self.actor, micro, temperature=temperature,
-                                                         with_features=shared,
-                                                         shared_prefix_tokens=share)
-                    parts["old"].append(pad_responses(old, length))
-            if shared:  # the critic reads this pass's features: no second backbone pass
-                with timer("values"):
-                    parts["values"].append(pad_responses(self.critic.values_from(features), length))
-                    parts["critic_features"].append(pad_responses(features, length))
-            if self._needs_ref():
-                with timer("ref"), self._reference() as ref, self._precision():
-                    ref_logprobs = response_logprobs(ref, micro, temperature=temperature,
-                                                     shared_prefix_tokens=share)[0]
-                    parts["ref"].append(pad_responses(ref_logprobs, length))
-            if self.critic is not None and not shared and values:
-                with timer("values"), self._precision():
-                    parts["values"].append(pad_responses(
-                        self.critic(micro, shared_prefix_tokens=share), length))
+        for run in plan_prefix_runs(batch, order, size, share):
+            for rows in run.micro_batches:
+                micro = micro_rows(batch, rows)
+                if old_logprobs or shared:
+                    with timer("old_logprobs"), self._precision():
+                        old, _, features = response_logprobs(
+                            self.actor, micro, temperature=temperature, with_features=shared,
+                            shared_prefix_tokens=share, prefix=run.prefix("actor"))
+                        parts["old"].append(pad_responses(old, length))
+                if shared:  # the critic reads this pass's features: no second backbone pass
+                    with timer("values"):
+                        parts["values"].append(pad_responses(self.critic.values_from(features),
+                                                             length))
+                        parts["critic_features"].append(pad_responses(features, length))
+                if self._needs_ref():
+                    with timer("ref"), self._reference() as ref, self._precision():
+                        ref_logprobs = response_logprobs(ref, micro, temperature=temperature,
+                                                         shared_prefix_tokens=share,
+                                                         prefix=run.prefix("ref"))[0]
+                        parts["ref"].append(pad_responses(ref_logprobs, length))
+                if self.critic is not None and not shared and values:
+                    with timer("values"), self._precision():
+                        parts["values"].append(pad_responses(
+                            self.critic(micro, shared_prefix_tokens=share,
+                                        prefix=run.prefix("critic")), length))
         back = torch.argsort(order)  # batch order again
         return {k: torch.cat(v)[back].cpu() for k, v in parts.items()}
 
@@ -549,7 +554,9 @@ class LocalTrainer:
                 role: str) -> tuple[dict[str, float], int]:
         """``epochs`` passes of shuffled mini-batches; returns mean metrics and skipped updates.
 
-        ``micro_loss(micro, size)`` returns ``(loss, terms, stats)``: ``terms`` are the
+        ``micro_loss(micro, size, prefix)`` returns ``(loss, terms, stats)``; ``prefix`` is the
+        shared prefix of the micro-batch's run (:func:`plan_prefix_runs`), whose gradients reach
+        the weights after the run's last micro-batch (:meth:`PrefixRun.backward`). ``terms`` are the
         micro-batch's parts of its mini-batch's loss terms (summed over the micro-batches, they
         are the mini-batch's aggregated terms, as accumulation is exact), ``stats`` per-micro-batch
         statistics (averaged). Terms are averaged over the updated mini-batches.
@@ -571,13 +578,17 @@ class LocalTrainer:
                     optim.zero_grad(set_to_none=True)
                     finite = True
                     terms: dict[str, float] = defaultdict(float)
-                    for m in range(0, len(rows), micro):
-                        part = micro_rows(batch, rows[m:m + micro])
-                        loss, micro_terms, stats = micro_loss(part, size)
+                    runs = plan_prefix_runs(batch, rows, micro,
+                                            self.config.actor.shared_prefix_tokens)
+                    for run, part in ((run, p) for run in runs for p in run.micro_batches):
+                        loss, micro_terms, stats = micro_loss(micro_rows(batch, part), size,
+                                                              run.prefix(role))
                         if not torch.isfinite(loss):
                             finite = False
                             break
                         loss.backward()
+                        if part is run.micro_batches[-1]:
+                            run.backward()  # the run's shared prefix: its gradients, once
                         for key, value in micro_terms.items():
                             terms[key] += value
                         for key, value in stats.items():
@@ -600,7 +611,8 @@ class LocalTrainer:
                     bar.update(1)
         return {k: sums[k] / counts[k] for k in sums}, skipped
 
-    def _actor_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize):
+    def _actor_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize,
+                     prefix: SharedPrefix | None = None):
         config = self.config.actor
         device = self.device
         mask = micro["response_mask"].to(device).float()
@@ -608,7 +620,7 @@ class LocalTrainer:
             logprobs, entropy, _ = response_logprobs(
                 self.actor, micro, temperature=self._temperature(), with_entropy=True,
                 entropy_grad=config.entropy_coeff != 0,
-                shared_prefix_tokens=config.shared_prefix_tokens)
+                shared_prefix_tokens=config.shared_prefix_tokens, prefix=prefix)
         old = micro.get("old_logprobs")
         if old is None:  # the first pass runs at the old weights: its log-probs are the old ones
             old = logprobs.detach()
@@ -628,15 +640,16 @@ class LocalTrainer:
             terms["actor/kl_loss"] = float(kl.detach())
         return loss, terms, stats
 
-    def _critic_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize, *,
-                      cliprange_value: float):
+    def _critic_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize,
+                      prefix: SharedPrefix | None = None, *, cliprange_value: float):
         device = self.device
         mask = micro["response_mask"].to(device).float()
         features = micro.get("critic_features")
         if features is None:
             with self._precision(), checkpointing(self.critic):
                 vpreds = self.critic(
-                    micro, shared_prefix_tokens=self.config.actor.shared_prefix_tokens)
+                    micro, shared_prefix_tokens=self.config.actor.shared_prefix_tokens,
+                    prefix=prefix)
         else:
             vpreds = self.critic.values_from(features.to(device))
         old, returns = micro.get("values"), micro.get("returns")

@@ -34,7 +34,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
-from agentrl.trainers.shared_prefix import shared_prefix_inputs
+from agentrl.trainers.shared_prefix import SharedPrefix, shared_prefix_inputs
 
 __all__ = ["ValueModel", "backbone_of", "checkpointing", "masked_logits", "response_logprobs"]
 
@@ -52,6 +52,7 @@ def response_logprobs(
     entropy_grad: bool = False,
     with_features: bool = False,
     shared_prefix_tokens: int = 0,
+    prefix: SharedPrefix | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-prob of each response token under ``model``, ``(B, R)``; its entropy (``B, R``) and
     the last hidden state before each token (``B, R, H``: a shared critic's input) on request.
@@ -61,7 +62,9 @@ def response_logprobs(
     log-prob is ``logit - logsumexp(logits)``, which keeps no ``(B, R, vocab)`` tensor for the
     backward pass beyond the logits themselves; the entropy is a metric (no gradient) unless
     ``entropy_grad`` (an entropy bonus in the loss). Rows sharing at least
-    ``shared_prefix_tokens`` leading tokens run them once (0 = off; the module docstring).
+    ``shared_prefix_tokens`` leading tokens run them once (0 = off; the module docstring), or
+    read ``prefix``, the prefix of their run of micro-batches
+    (:func:`agentrl.trainers.shared_prefix.plan_prefix_runs`).
     """
     from verl.utils.torch_functional import entropy_from_logits
 
@@ -69,7 +72,8 @@ def response_logprobs(
     responses = batch["responses"].to(device)
     length = responses.shape[1]
     inputs = shared_prefix_inputs(model, backbone_of(model), _model_inputs(batch, device),
-                                  response_length=length, min_tokens=shared_prefix_tokens)
+                                  response_length=length, min_tokens=shared_prefix_tokens,
+                                  prefix=prefix)
     out = model(**inputs, logits_to_keep=length + 1, output_hidden_states=with_features)
     logits = out.logits[:, :-1].float()
     if temperature != 1.0:
@@ -174,16 +178,16 @@ class ValueModel(nn.Module):
         with torch.autocast(device_type=features.device.type, enabled=False):
             return self.head(features.to(self.head.weight.dtype)).squeeze(-1).float()
 
-    def forward(self, batch: dict[str, torch.Tensor], *, shared_prefix_tokens: int = 0
-                ) -> torch.Tensor:
+    def forward(self, batch: dict[str, torch.Tensor], *, shared_prefix_tokens: int = 0,
+                prefix: SharedPrefix | None = None) -> torch.Tensor:
         """Values ``(B, R)`` of ``batch``'s response positions; rows sharing at least
-        ``shared_prefix_tokens`` leading tokens run them once (0 = off)."""
+        ``shared_prefix_tokens`` leading tokens run them once (0 = off), or read ``prefix``."""
         device = self.head.weight.device
         length = batch["responses"].shape[1]
         with torch.no_grad() if self.shared else contextlib.nullcontext():
             inputs = shared_prefix_inputs(self.backbone, self.backbone,
                                           _model_inputs(batch, device), response_length=length,
-                                          min_tokens=shared_prefix_tokens)
+                                          min_tokens=shared_prefix_tokens, prefix=prefix)
             hidden = self.backbone(**inputs).last_hidden_state
         return self.values_from(hidden[:, -length - 1:-1])
 

@@ -19,7 +19,7 @@ from agentrl.rollout.records import Trajectory
 from agentrl.trainers.local import StageTimer
 from agentrl.trainers.microbatch import micro_rows, prefix_order
 from agentrl.trainers.policy import ValueModel, backbone_of, checkpointing, response_logprobs
-from agentrl.trainers.shared_prefix import shared_prefix_length
+from agentrl.trainers.shared_prefix import plan_prefix_runs, shared_prefix_length
 from update_fixtures import GradientRecorder, relative_difference, tiny_trainer
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -205,24 +205,25 @@ def test_critic_values_and_gradients_with_the_shared_prefix_equal_the_unshared(m
     assert relative_difference(out[1][1], out[0][1]) < 1e-5
 
 
+@pytest.mark.parametrize("micro", [3, 1], ids=["group-per-micro-batch", "group-per-run"])
 @pytest.mark.parametrize("critic", ["critic.share_backbone=false", "critic.share_backbone=true"])
-def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, critic):
+def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, critic, micro):
     """One PPO step of the trainer (old log-probs, values, GAE, critic and actor updates over
-    micro-batches of 3, each a group's members once ordered): the same gradients and weights,
-    with fewer tokens read."""
+    micro-batches of 3, each a group's members once ordered, or of 1, a group's three making one
+    run): the same gradients and weights, with fewer tokens read."""
     out = {}
     for share in (0, 16):
         trainer = tiny_trainer(tmp_path / str(share), "actor.lr=1e-4", "critic.lr=1e-4",
-                               "actor.micro_batch_size=3", "train.group_size=3", critic,
+                               f"actor.micro_batch_size={micro}", "train.group_size=3", critic,
                                f"actor.shared_prefix_tokens={share}")
         recorders = {"actor": GradientRecorder(trainer.actor_optim),
                      "critic": GradientRecorder(trainer.critic_optim)}
         counter = TokenCounter(trainer.actor)
         groups, actor_micro = [], trainer._actor_micro
 
-        def recording(micro, size):
+        def recording(micro, size, prefix):
             groups.append(sorted(set(micro["group_index"].tolist())))
-            return actor_micro(micro, size)
+            return actor_micro(micro, size, prefix)
 
         trainer._actor_micro = recording
         trainer.step = 1
@@ -231,7 +232,8 @@ def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, 
         out[share] = {"grads": {role: r.steps[0] for role, r in recorders.items()},
                       "weights": [p.detach().clone() for p in trainer.actor.parameters()],
                       "tokens": counter.tokens, "metrics": metrics, "groups": groups}
-    assert out[16]["groups"] in ([[0], [1]], [[1], [0]])  # the interleaved rows, by group
+    by_group = [[[g]] * (3 // micro) for g in (0, 1)]  # the interleaved rows, by group
+    assert out[16]["groups"] in (by_group[0] + by_group[1], by_group[1] + by_group[0])
     assert out[16]["tokens"] < out[0]["tokens"]
     for role in ("actor", "critic"):
         assert relative_difference(out[16]["grads"][role], out[0]["grads"][role]) < 1e-5, role
@@ -239,3 +241,77 @@ def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, 
                for a, b in zip(out[16]["weights"], out[0]["weights"])) < 1e-6
     for key in ("actor/pg_loss", "critic/vf_loss", "critic/returns_mean"):
         assert out[16]["metrics"][key] == pytest.approx(out[0]["metrics"][key], rel=1e-5, abs=1e-7)
+
+
+def group_rows(batch) -> torch.Tensor:
+    """The six rows ordered by prompt: a group's three members side by side."""
+    return prefix_order(batch, torch.arange(6))
+
+
+def test_micro_batches_of_a_group_form_one_run_with_the_groups_prefix():
+    batch = shared_prompt_batch()
+    rows = group_rows(batch)
+    runs = plan_prefix_runs(batch, rows, 1, min_tokens=1)
+    assert [len(run.micro_batches) for run in runs] == [3, 3]
+    assert sorted(run.ids.shape[1] for run in runs) == [SYSTEM + ROOMS[0] - 1, SYSTEM + ROOMS[1] - 1]
+    for run in runs:
+        members = torch.cat(run.micro_batches)
+        assert len(set(batch["group_index"][members].tolist())) == 1
+    assert [len(run.micro_batches) for run in plan_prefix_runs(batch, rows, 1, 0)] == [1] * 6
+    # a prefix longer than any group shares: every micro-batch alone, unshared (one row each)
+    assert all(run.ids is None for run in plan_prefix_runs(batch, rows, 1, min_tokens=64))
+
+
+def run_pass(model, batch, rows, micro_batch_size: int, share: int) -> dict:
+    """Log-probs of ``rows`` micro-batch by micro-batch through their planned runs, and the
+    summed gradients of a loss on them (the trainer's accumulation)."""
+    model.zero_grad(set_to_none=True)
+    logprobs = []
+    for run in plan_prefix_runs(batch, rows, micro_batch_size, share):
+        for part in run.micro_batches:
+            micro = micro_rows(batch, part)
+            out = response_logprobs(model, micro, shared_prefix_tokens=share,
+                                    prefix=run.prefix("actor"))[0]
+            mask = micro["response_mask"].float()
+            (out * mask * torch.linspace(0.5, 1.5, out.shape[1])).sum().backward()
+            logprobs.append(out.detach()[micro["response_mask"].bool()])
+        run.backward()
+    grads = [p.grad.clone() for p in model.parameters() if p.grad is not None]
+    return {"logprobs": torch.cat(logprobs), "grads": grads}
+
+
+@pytest.mark.parametrize("variant", ["plain", "lora"])
+def test_a_run_reads_its_prefix_once_and_gives_the_unshared_gradients(model, variant):
+    """Micro-batches of one row: each group's prefix runs once for its three micro-batches, and
+    their gradients on its keys and values reach the weights once, summed."""
+    if variant == "lora":
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(__import__("copy").deepcopy(model), LoraConfig(
+            r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+        for name, param in model.named_parameters():
+            if "lora_B" in name:
+                torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(0))
+        model.eval()
+    batch = shared_prompt_batch()
+    rows = group_rows(batch)
+    counter = TokenCounter(model)
+    unshared = run_pass(model, batch, rows, 1, 0)
+    read_unshared, counter.tokens = counter.tokens, 0
+    shared = run_pass(model, batch, rows, 1, 1)
+    # each group's prefix is read once instead of three times
+    assert read_unshared - counter.tokens == 2 * sum(SYSTEM + room - 1 for room in ROOMS)
+    assert float((shared["logprobs"] - unshared["logprobs"]).abs().max()) < 1e-5
+    assert len(shared["grads"]) == len(unshared["grads"]) > 0
+    assert relative_difference(shared["grads"], unshared["grads"]) < 1e-5
+
+
+def test_rows_that_do_not_start_with_the_runs_prefix_are_refused(model):
+    batch = shared_prompt_batch()
+    rows = group_rows(batch)
+    run = plan_prefix_runs(batch, rows, 1, min_tokens=1)[0]
+    group = batch["group_index"][run.micro_batches[0][0]]
+    stranger = next(r for r in rows if batch["group_index"][r] != group)
+    with pytest.raises(ValueError, match="do not start with"):
+        response_logprobs(model, micro_rows(batch, stranger[None]), shared_prefix_tokens=1,
+                          prefix=run.prefix("actor"))
