@@ -17,7 +17,9 @@ costs (the constrained decoder's token index, first calls). The JSON records the
 on a shared machine compare runs taken side by side. ``actor_update_vs_bare`` compares the actor
 update's tokens/s with a bare forward + backward + AdamW over random rows of the step's mean
 length, cut into the same micro-batches (:func:`bare_update_tokens_per_s`): the bookkeeping's
-cost below 1, the work the shared prompt prefix avoids above it.
+cost below 1, the work the shared prompt prefix avoids above it. ``update_tokens_read_per_step``
+counts the tokens the update's forward passes (old log-probs, actor, a critic on the actor's
+backbone) read through the actor's embeddings: a measure of shared work that no load changes.
 """
 
 from __future__ import annotations
@@ -69,8 +71,9 @@ def main(argv: list[str] | None = None) -> dict:
                 metrics = trainer.train_step(step)
                 metrics["wall_s"] = time.perf_counter() - start
                 metrics.update(_engine_delta(engine_before, trainer.llm.stats.as_dict()))
-                update_tokens, update_rows = tokens.pop()
+                update_tokens, update_rows, read = tokens.pop()
                 metrics["update_tokens"], metrics["update_rows"] = update_tokens, update_rows
+                metrics["update_tokens_read"] = read
                 steps.append(metrics)
             generation = trainer.llm.stats.as_dict()
             rows = round(sum(m["update_rows"] for m in steps) / len(steps))
@@ -115,15 +118,28 @@ def bare_update_tokens_per_s(model, *, rows: int, width: int, micro_batch_size: 
     return rows * width / one_step()
 
 
-def _count_update_tokens(trainer: LocalTrainer) -> list[tuple[int, int]]:
-    """Hook the batch builder to count the tokens and rows the update reads (set per step)."""
-    box: list[tuple[int, int]] = []
+def _count_update_tokens(trainer: LocalTrainer) -> list[tuple[int, int, int]]:
+    """Hook the update to count, per step, the tokens and rows of its batch and the tokens its
+    forward passes read through the actor's embeddings (fewer where prefixes are shared)."""
+    box: list[tuple[int, int, int]] = []
     real = trainer._update
+    read = [0]
+    inside = [False]
+
+    def count_read(module, args, output) -> None:
+        if inside[0]:
+            read[0] += args[0].numel()
+
+    trainer.actor.get_input_embeddings().register_forward_hook(count_read)
 
     def counting(batch, timer):
         mask = batch["attention_mask"]
-        box.append((int(mask.sum()), mask.shape[0]))  # tokens, rows (one per context window)
-        return real(batch, timer)
+        read[0], inside[0] = 0, True
+        try:
+            return real(batch, timer)
+        finally:
+            inside[0] = False
+            box.append((int(mask.sum()), mask.shape[0], read[0]))  # tokens, rows, tokens read
 
     trainer._update = counting
     return box
@@ -154,6 +170,7 @@ def summarize(steps: list[dict], config) -> dict:
         "actor_update_tokens_per_s": tokens * epochs / actor_s if actor_s else None,
         "critic_update_tokens_per_s": tokens * critic_epochs / critic_s if critic_s else None,
         "update_tokens_per_step": tokens / len(steps),
+        "update_tokens_read_per_step": sum(s["update_tokens_read"] for s in steps) / len(steps),
         "torch_threads": torch.get_num_threads(), "machine": platform.processor() or platform.machine(),
         "per_step": steps,
     }
@@ -174,6 +191,10 @@ def show(result: dict) -> None:
         if value is not None:
             print(f"{role} update: {value:,.0f} tokens/s "
                   f"({result['update_tokens_per_step']:,.0f} tokens per step and epoch)")
+    read = result["update_tokens_read_per_step"]
+    print(f"the update's forward passes read {read:,.0f} tokens a step through the actor's "
+          f"embeddings, {result['update_tokens_per_step'] / read if read else 0:.2f}x fewer "
+          "than its rows hold (shared prefixes, epochs and passes counted)")
     if result.get("actor_update_vs_bare"):
         print(f"bare forward + backward + AdamW on the same shapes: "
               f"{result['bare_update_tokens_per_s']:,.0f} tokens/s; the actor update runs at "

@@ -37,3 +37,17 @@ def test_the_update_is_compared_with_a_bare_loop_on_its_shapes(tmp_path, load_sc
     before = [p.detach().clone() for p in model.parameters()]
     assert bench.bare_update_tokens_per_s(model, rows=3, width=5, micro_batch_size=2) > 0
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))  # it stepped
+
+
+def test_the_tokens_the_update_reads_fall_with_the_shared_prefix(tmp_path, load_script):
+    bench = load_script("scripts/bench/train.py")
+    read = {}
+    for share in (0, 16):
+        result = bench.main(["--steps", "1", "--out", str(tmp_path / f"{share}.json"),
+                             "model=tiny", "rollout.max_new_tokens=8",
+                             f"actor.shared_prefix_tokens={share}"])
+        step = result["per_step"][0]
+        assert result["update_tokens_read_per_step"] == step["update_tokens_read"]
+        read[share] = step["update_tokens_read"], step["update_tokens"]
+    assert read[0][0] >= read[0][1]  # every row's tokens, in at least one pass
+    assert 0 < read[16][0] < read[0][0]
