@@ -236,7 +236,7 @@ def plan_prefix_runs(batch: dict[str, torch.Tensor], rows: torch.Tensor, micro_b
             length = int(min(common[lo:hi - 1].min(), limit[lo:hi].min())) if hi - lo > 1 else 0
             if length < min_tokens:
                 if start < end - 1:
-                    continue  # a run of several micro-batches needs a prefix
+                    break  # a run of several needs a prefix; an earlier start shares no more
                 length = 0
             cost = row_cost[hi] - row_cost[lo] - (hi - lo - 1) * length + min_tokens * (length > 0)
             if best[start] + cost < best[end]:

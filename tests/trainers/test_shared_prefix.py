@@ -315,3 +315,23 @@ def test_rows_that_do_not_start_with_the_runs_prefix_are_refused(model):
     with pytest.raises(ValueError, match="do not start with"):
         response_logprobs(model, micro_rows(batch, stranger[None]), shared_prefix_tokens=1,
                           prefix=run.prefix("actor"))
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 2, 4, 5])
+def test_the_planned_runs_never_read_more_than_micro_batches_sharing_alone(model,
+                                                                           micro_batch_size):
+    batch = shared_prompt_batch()
+    rows = group_rows(batch)
+    counter = TokenCounter(model)
+    with torch.no_grad():
+        for start in range(0, 6, micro_batch_size):  # each micro-batch its own prefix
+            response_logprobs(model, micro_rows(batch, rows[start:start + micro_batch_size]),
+                              shared_prefix_tokens=1)
+        alone, counter.tokens = counter.tokens, 0
+        for run in plan_prefix_runs(batch, rows, micro_batch_size, min_tokens=1):
+            for part in run.micro_batches:
+                response_logprobs(model, micro_rows(batch, part), shared_prefix_tokens=1,
+                                  prefix=run.prefix("actor"))
+    assert counter.tokens <= alone
+    if micro_batch_size < 3:  # a group spans micro-batches: its prefix is read once, not again
+        assert counter.tokens < alone
