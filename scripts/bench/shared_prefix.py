@@ -85,10 +85,10 @@ class ActivationMeter:
         return tensor
 
     def wrap(self, micro_loss):
-        def measured(micro, size):
+        def measured(micro, size, prefix=None):
             self._seen = {}
             with torch.autograd.graph.saved_tensors_hooks(self._pack, lambda t: t):
-                out = micro_loss(micro, size)
+                out = micro_loss(micro, size, prefix)
             self.largest = max(self.largest, sum(self._seen.values()))
             return out
         return measured
