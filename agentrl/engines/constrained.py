@@ -58,14 +58,19 @@ class TokenMask:
 
 class Generation(tuple):
     """``(response_ids, logprobs)`` as every engine returns them, plus ``token_masks``: one
-    :class:`TokenMask` per response token when the request was constrained (None otherwise)."""
+    :class:`TokenMask` per response token when the request was constrained (None otherwise),
+    and ``features``: the last hidden state before each token ``[tokens, hidden]`` when the
+    request asked for them (``SamplingParams.return_features``; None otherwise)."""
 
     token_masks: tuple[TokenMask | None, ...] | None
+    features: torch.Tensor | None
 
     def __new__(cls, ids: list[int], logprobs: list[float],
-                token_masks: Iterable[TokenMask | None] | None = None):
+                token_masks: Iterable[TokenMask | None] | None = None,
+                features: torch.Tensor | None = None):
         self = super().__new__(cls, (ids, logprobs))
         self.token_masks = None if token_masks is None else tuple(token_masks)
+        self.features = features
         return self
 
 

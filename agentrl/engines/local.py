@@ -45,6 +45,9 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
 - Sampled rows draw their token by inverting the CDF (float64) with one uniform number a row,
   not ``torch.multinomial`` (an exponential number per vocabulary entry): the same
   distribution at about a fifth of the cost, but a seed gives other draws than before.
+- **Features** (``SamplingParams.return_features``): each generated token's last hidden state
+  (after the final norm, the input of the LM head), as the trainer's forward gives it
+  (``output_hidden_states``): a shared-backbone critic's values without another backbone pass.
 - Like vLLM, generation also stops at end-of-sequence: ``eos_token_ids`` (default
   ``end_of_turn_ids(tokenizer, model.generation_config)``) are added to every request's ``stop_token_ids``; pass
   ``eos_token_ids=()`` to turn that off.
@@ -93,6 +96,10 @@ class SamplingParams:
     """The replies allowed (an :class:`agentrl.agents.grammar.AnswerGrammar`); None = free.
     Log-probs are then of the masked, renormalized distribution, and the engine returns each
     token's mask (:mod:`agentrl.engines.constrained`)."""
+    return_features: bool = False
+    """Also return, per generated token, the model's last hidden state before it
+    (``Generation.features``): what a critic on the actor's backbone reads, so the trainer
+    need not run the backbone again for the rollout's values."""
 
     def __post_init__(self):
         object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
@@ -359,14 +366,18 @@ class BatchingLLM:
         outputs: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
         constraints = self._constraints(samplings, stops)
         token_masks = [[] if c is not None else None for c in constraints]
+        features = [[] if s.return_features else None for s in samplings]
+        with_features = any(s.return_features for s in samplings)
         active = list(range(n))  # original row of each batch row still decoding
 
         start = time.perf_counter()
-        logits = self._forward(input_ids, attention_mask, position_ids, cache)
+        logits, hidden = self._forward(input_ids, attention_mask, position_ids, cache,
+                                       with_features)
         rows_index = torch.tensor(owner, device=device) if len(unique) < n else None
         if rows_index is not None:
             logits, position_ids = logits[rows_index], position_ids[rows_index]
-        decoder = self._decoder(cache, attention_mask, rows_index, max(limits))
+            hidden = None if hidden is None else hidden[rows_index]
+        decoder = self._decoder(cache, attention_mask, rows_index, max(limits), with_features)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         prefill_seconds = time.perf_counter() - start
@@ -383,12 +394,15 @@ class BatchingLLM:
                 logits = apply_masks(logits, masks)
                 constraint_seconds += time.perf_counter() - mask_start
             tokens, logprobs = _choose(logits, rows, self.generator)
+            hidden = None if hidden is None else hidden.float().cpu()
             keep = []
             for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
                 row = active[batch_row]
                 ids, lps = outputs[row]
                 ids.append(token)
                 lps.append(logprob)
+                if features[row] is not None:
+                    features[row].append(hidden[batch_row])
                 if masks is not None and masks[batch_row] is not None:
                     advance_start = time.perf_counter()
                     token_masks[row].append(masks[batch_row])
@@ -399,7 +413,8 @@ class BatchingLLM:
                 else:
                     self._remember(prompts[row] + ids[:-1], decoder, batch_row)
             if not keep:
-                results = [Generation(ids, lps, token_masks[row])
+                results = [Generation(ids, lps, token_masks[row],
+                                      None if features[row] is None else torch.stack(features[row]))
                            for row, (ids, lps) in enumerate(outputs)]
                 with self._stats_lock:
                     self.stats.constraint_seconds += constraint_seconds
@@ -410,11 +425,11 @@ class BatchingLLM:
                 tokens, next_positions = tokens[index], next_positions[index]
                 rows = rows.select(index)
                 active = [active[i] for i in keep]
-            logits = decoder.step(tokens, next_positions)
+            logits, hidden = decoder.step(tokens, next_positions)
             next_positions = next_positions + 1
 
     def _decoder(self, cache: Any, attention_mask: torch.Tensor, rows: torch.Tensor | None,
-                 steps: int) -> Any:
+                 steps: int, with_features: bool = False) -> Any:
         """The decode steps after the prefill: over a preallocated cache where the model allows
         it (:mod:`agentrl.engines.static_cache`), else the model's forward on its own cache."""
         if self._cache_usable is None:  # a cache we can slice: full attention, every layer
@@ -426,7 +441,7 @@ class BatchingLLM:
         if self._static and fp32 and self._cache_usable:
             return static_cache.StaticCacheDecoder.build(self.model, cache, attention_mask, rows,
                                                          steps)
-        return _DynamicCacheDecoder(self, cache, attention_mask, rows)
+        return _DynamicCacheDecoder(self, cache, attention_mask, rows, with_features)
 
     def _constraints(self, samplings: list[SamplingParams],
                      stops: list[set[int]]) -> list[RowConstraint | None]:
@@ -481,8 +496,10 @@ class BatchingLLM:
                                f"{len(ids)} ids")
         self.prefix_cache.put(ids, keys, values)
 
-    def _forward(self, input_ids, attention_mask, position_ids, cache) -> torch.Tensor:
-        """Logits of the last position, float32, shape [batch, vocab]."""
+    def _forward(self, input_ids, attention_mask, position_ids, cache,
+                 with_features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of the last position, float32, shape [batch, vocab], and its last hidden
+        state [batch, hidden] if ``with_features`` (else None)."""
         with compute_precision(self.device, self.compute_dtype):
             out = self.model(
                 input_ids=input_ids,
@@ -491,8 +508,10 @@ class BatchingLLM:
                 past_key_values=cache,
                 use_cache=True,
                 logits_to_keep=1,
+                output_hidden_states=with_features,
             )
-        return out.logits[:, -1, :].float()
+        hidden = out.hidden_states[-1][:, -1] if with_features else None
+        return out.logits[:, -1, :].float(), hidden
 
     def _check(self, prompt: list[int], sampling: SamplingParams) -> None:
         if not isinstance(sampling, SamplingParams):
@@ -511,17 +530,19 @@ class _DynamicCacheDecoder:
     same interface as :class:`~agentrl.engines.static_cache.StaticCacheDecoder`."""
 
     def __init__(self, llm: BatchingLLM, cache: Any, attention_mask: torch.Tensor,
-                 rows: torch.Tensor | None):
+                 rows: torch.Tensor | None, with_features: bool = False):
         if rows is not None:  # identical prompts were read once: repeat their rows
             cache.batch_select_indices(rows)
             attention_mask = attention_mask[rows]
         self.llm, self.cache, self.attention_mask = llm, cache, attention_mask
+        self.with_features = with_features
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor | None]:
         mask = self.attention_mask
         self.attention_mask = torch.cat([mask, mask.new_ones(len(mask), 1)], 1)
         return self.llm._forward(tokens[:, None], self.attention_mask, positions[:, None],
-                                 self.cache)
+                                 self.cache, self.with_features)
 
     def keep(self, kept: list[int]) -> None:
         index = torch.tensor(kept, device=self.attention_mask.device)

@@ -1,7 +1,7 @@
 """Decode steps over a preallocated key/value cache, for Llama-style models on the local engine.
 
     decoder = StaticCacheDecoder.build(model, prefill_cache, attention_mask, rows, steps)
-    logits = decoder.step(tokens, positions)   # [batch, vocab] float32, one new token a row
+    logits, hidden = decoder.step(tokens, positions)   # [batch, vocab] float32, [batch, hidden]
     decoder.keep([0, 2])                       # rows 1, 3, ... finished: drop them
     keys, values = decoder.row(0)              # a row's real keys/values, for the prefix cache
 
@@ -109,8 +109,10 @@ class StaticCacheDecoder:
         valid[:, :length] = attention_mask.bool()
         return cls(model, keys, values, valid, length)
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
-        """Logits ``[rows, vocab]`` (float32) after each row's next token at its position."""
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Logits ``[rows, vocab]`` (float32) after each row's next token at its position, and
+        the last hidden state they are read from ``[rows, hidden]``."""
         rows, column = self.rows, self.length
         if column >= self.valid.shape[1]:
             raise RuntimeError(f"static cache full: {column} columns")
@@ -126,8 +128,8 @@ class StaticCacheDecoder:
             hidden = hidden + attended
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.length = column + 1
-        hidden = self.decoder.norm(hidden)
-        return self.lm.lm_head(hidden[:, -1]).float()
+        hidden = self.decoder.norm(hidden)[:, -1]
+        return self.lm.lm_head(hidden).float(), hidden
 
     def _attend(self, attention: Any, hidden: torch.Tensor, cos, sin, bias,
                 index: int) -> torch.Tensor:

@@ -38,6 +38,10 @@ can run over the whole episode (:mod:`agentrl.trainers.episodes`).
   (:func:`agentrl.trainers.policy.response_logprobs`), so it describes the distribution the
   sampler drew from.
 
+- ``rollout_features`` ``(B, R, H)``, only when every trajectory carries
+  ``Trajectory.response_features``: the engine's last hidden state before each model token
+  (zeros on inserted tokens and padding), the input of a critic on the actor's backbone.
+
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
 """
@@ -52,7 +56,7 @@ import torch
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["REWARD_PLACEMENTS", "TrainingSample", "constraint_tensors", "context_samples",
-           "discounted_turn_rewards", "kept_turns", "to_batch", "token_rewards"]
+           "discounted_turn_rewards", "feature_tensor", "kept_turns", "to_batch", "token_rewards"]
 
 REWARD_PLACEMENTS = ("turn", "last")
 
@@ -142,6 +146,11 @@ class TrainingSample:
         masks = self.trajectory.response_token_masks
         return None if masks is None else masks[self.start:self.end]
 
+    @property
+    def response_features(self) -> list | None:
+        features = self.trajectory.response_features
+        return None if features is None else features[self.start:self.end]
+
     def token_rewards(self, placement: str) -> list[float]:
         """The episode's token rewards (:func:`token_rewards`) on this sample's tokens."""
         return token_rewards(self.trajectory, placement)[self.start:self.end]
@@ -190,6 +199,23 @@ def constraint_tensors(trajectories: Sequence[Trajectory | TrainingSample], leng
                 kind[row, column] = int(mask.allow)
                 ids[row, column, :len(mask.ids)] = mask.index
     return {"constraint_kind": kind, "constraint_ids": ids}
+
+
+def feature_tensor(samples: Sequence[Trajectory | TrainingSample], length: int
+                   ) -> dict[str, torch.Tensor]:
+    """``rollout_features`` ``(B, length, H)`` of the rows (module docstring), a new float32
+    tensor (not the engine's inference tensors: the critic's update reads it); empty unless
+    every row carries features."""
+    rows = [s.response_features for s in samples]
+    if not rows or any(row is None for row in rows):
+        return {}
+    width = next(f for row in rows for f in row if f is not None).shape[-1]
+    out = torch.zeros((len(rows), length, width), dtype=torch.float32)
+    for index, row in enumerate(rows):
+        columns = [column for column, f in enumerate(row) if f is not None]
+        if columns:
+            out[index, columns] = torch.stack([row[c] for c in columns]).float()
+    return {"rollout_features": out}
 
 
 def to_batch(
@@ -241,9 +267,10 @@ def to_batch(
                                               dtype=torch.float32)
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
-    constraints = constraint_tensors([sample for _, sample in rows], r_len)
+    samples = [sample for _, sample in rows]
     return {
-        **constraints,
+        **constraint_tensors(samples, r_len),
+        **feature_tensor(samples, r_len),
         "prompts": prompts,
         "responses": responses,
         "input_ids": torch.cat([prompts, responses], dim=1),

@@ -59,6 +59,9 @@ gets exactly that list:
   (``Generation.token_masks``), stored in ``Turn.token_masks`` and
   ``Trajectory.response_token_masks`` for the trainer's recompute. An ``llm`` that returns
   no masks leaves them None.
+- *Features* (``sampling.return_features``): the engine's last hidden state before each
+  generated token (``Generation.features``) goes to ``Trajectory.response_features`` (None on
+  inserted tokens), so a critic on the actor's backbone reads the rollout's own pass.
 - Environment steps of a game whose ``GameSpec.slow_steps`` is set (TextWorld's interpreter) run
   in a worker thread (``asyncio.to_thread``), so they never hold up other episodes' generation
   requests; the other games step in microseconds, less than the thread hop costs. Resets run
@@ -207,6 +210,7 @@ async def run_episode(
     mask: list[int] = []
     logprobs: list[float] = []
     token_masks: list[Any] = []  # the engine's per-token constraint (None where free)
+    features: list[Any] = []  # the engine's last hidden state before each token (or None)
     constrained = bool(getattr(sampling, "constrained_actions", False))
     turns: list[Turn] = []
     turn_ends: list[int] = []
@@ -223,7 +227,7 @@ async def run_episode(
         if len(prompt_ids) + len(response_ids) - window_start + max_new > max_context_tokens:
             context_exhausted = True  # the observation that does not fit is not kept
             del response_ids[reply_end:], mask[reply_end:], logprobs[reply_end:]
-            del token_masks[reply_end:]
+            del token_masks[reply_end:], features[reply_end:]
             break
         start = time.perf_counter()
         request = (dataclasses.replace(sampling, answer_grammar=agent.answer_grammar())
@@ -236,6 +240,11 @@ async def run_episode(
             raise ValueError(f"llm.generate returned {len(ids)} ids and {len(lps)} logprobs")
         turn_masks = getattr(generated, "token_masks", None)
         turn_masks = tuple(turn_masks) if turn_masks is not None else (None,) * len(ids)
+        turn_features = getattr(generated, "features", None)
+        if turn_features is not None and len(turn_features) != len(ids):
+            raise ValueError(f"llm.generate returned {len(turn_features)} features for "
+                             f"{len(ids)} ids")
+        features += list(turn_features) if turn_features is not None else [None] * len(ids)
         block_starts.append(len(response_ids))
         response_ids += ids
         mask += [1] * len(ids)
@@ -248,6 +257,7 @@ async def run_episode(
             mask.append(0)
             logprobs.append(0.0)
             token_masks.append(None)
+            features.append(None)
 
         start = time.perf_counter()
         text = tokenizer.decode(ids, skip_special_tokens=True)
@@ -276,6 +286,7 @@ async def run_episode(
         mask += [0] * len(next_prompt)
         logprobs += [0.0] * len(next_prompt)
         token_masks += [None] * len(next_prompt)
+        features += [None] * len(next_prompt)
 
     # A length-cut final reply keeps its closing token: it is part of the sequence verl pads.
     rewards = [t.reward for t in turns]
@@ -293,4 +304,5 @@ async def run_episode(
         turn_rewards=rewards, success=bool(agent.success), episode_return=float(sum(rewards)),
         num_turns=len(turns), turns=turns, metrics=metrics, timings=timings,
         response_token_masks=(token_masks if any(m is not None for m in token_masks)
-                              else None))
+                              else None),
+        response_features=features if any(f is not None for f in features) else None)

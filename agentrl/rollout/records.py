@@ -103,6 +103,10 @@ class Trajectory:
     """Constrained decoding: per response id, the ``TokenMask`` the engine sampled it under
     (None on free and inserted tokens); None when no token was constrained. ``to_batch``
     turns them into the trainer's ``constraint_*`` tensors."""
+    response_features: list[Any] | None = None
+    """Per response id, the engine's last hidden state before it (a 1-D tensor; None on
+    inserted tokens), when the rollout asked for them (``SamplingParams.return_features``);
+    ``to_batch`` stacks them into ``rollout_features``."""
     score: float | None = None
     """The normalized episode return (see :func:`agentrl.rollout.groups.normalize_returns`);
     None until normalized. ``to_batch(reward_placement="last")`` uses it when set."""
@@ -118,6 +122,8 @@ class Trajectory:
                              f"{len(self.response_mask)}, {len(self.response_logprobs)}")
         if self.response_token_masks is not None and len(self.response_token_masks) != n:
             raise ValueError(f"{len(self.response_token_masks)} token masks for {n} response ids")
+        if self.response_features is not None and len(self.response_features) != n:
+            raise ValueError(f"{len(self.response_features)} features for {n} response ids")
         if len(self.turn_end_positions) != len(self.turn_rewards):
             raise ValueError("one turn end position per turn reward")
 

@@ -169,7 +169,8 @@ class LocalTrainer:
         r = config.rollout
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                        max_new_tokens=r.max_new_tokens,
-                                       constrained_actions=config.constrained_actions)
+                                       constrained_actions=config.constrained_actions,
+                                       return_features=self._critic_reads_rollout())
         val_tokens = config.val.max_new_tokens or r.max_new_tokens
         self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens,
                                            constrained_actions=config.constrained_actions)
@@ -368,12 +369,20 @@ class LocalTrainer:
         first passes give them) and reference log-probs over the batch, micro-batch by
         micro-batch. A critic on the actor's backbone gets its values, and its update's inputs
         (``critic_features``: the backbone does not change before the critic update), from the
-        old-log-prob pass."""
+        rollout's features when the batch has them (the engine's pass at the same weights),
+        else from the old-log-prob pass."""
         size = self.config.actor.micro_batch_size
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
         temperature, share = self._temperature(), self.config.actor.shared_prefix_tokens
         shared = self.critic is not None and self.critic.shared
+        scored: dict[str, torch.Tensor] = {}
+        if shared and "rollout_features" in batch:
+            with timer("values"), torch.no_grad():
+                features = batch["rollout_features"]
+                scored["values"] = self.critic.values_from(features.to(self.device)).cpu()
+                scored["critic_features"] = features
+            shared = False  # no backbone pass for the critic
         order = self._micro_order(batch, torch.arange(n))
         for run in plan_prefix_runs(batch, order, size, share):
             for rows in run.micro_batches:
@@ -401,25 +410,31 @@ class LocalTrainer:
                             self.critic(micro, shared_prefix_tokens=share,
                                         prefix=run.prefix("critic")), length))
         back = torch.argsort(order)  # batch order again
-        return {k: torch.cat(v)[back].cpu() for k, v in parts.items()}
+        return {**scored, **{k: torch.cat(v)[back].cpu() for k, v in parts.items()}}
 
     def _micro_order(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
         """``rows`` in the order micro-batches are cut from: by prompt when the shared prefix is
         on, so that a micro-batch holds a group (:func:`prefix_order`)."""
         return prefix_order(batch, rows) if self.config.actor.shared_prefix_tokens else rows
 
-    def _first_pass_is_old(self, n: int) -> bool:
+    def _first_pass_is_old(self, n: int, rollout_features: bool = False) -> bool:
         """Whether the actor's update is one pass over one mini-batch of the ``n`` trajectories.
         Its forward then runs at the old weights, so that pass's detached log-probs are the old
         ones (the ratio is exactly 1 there) and a separate no-grad pass would compute them again.
         Not when the advantages need the old log-probs first (``use_kl_in_reward``), nor with a
-        critic on the actor's backbone: GAE needs its values before the update, and they come
-        from the old-log-prob pass's features."""
+        critic on the actor's backbone whose values come from the old-log-prob pass's features
+        (GAE needs them before the update): only when the rollout returned the features
+        (``rollout_features``)."""
         config = self.config
         one_mini_batch = (config.actor.ppo_mini_batch_size or n) >= n
         shared = self.critic is not None and self.critic.shared
         return (config.actor.ppo_epochs == 1 and one_mini_batch
-                and not config.algorithm.use_kl_in_reward and not shared)
+                and not config.algorithm.use_kl_in_reward and (rollout_features or not shared))
+
+    def _critic_reads_rollout(self) -> bool:
+        """Whether the rollout returns the engine's features: a critic on the actor's backbone
+        then gets its values from them, without a backbone pass of its own (:meth:`_score`)."""
+        return self.critic is not None and self.critic.shared
 
     def _temperature(self) -> float:
         t = self.config.rollout.temperature
@@ -455,7 +470,7 @@ class LocalTrainer:
         metrics: dict[str, float] = {}
         mask = batch["response_mask"].float()
         n = batch["responses"].shape[0]
-        first_pass_is_old = self._first_pass_is_old(n)
+        first_pass_is_old = self._first_pass_is_old(n, "rollout_features" in batch)
         critic_pass_values = self._critic_pass_gives_values(n, batch["episode_index"])
         scored = self._score(batch, timer, old_logprobs=not first_pass_is_old,
                              values=not critic_pass_values)

@@ -44,7 +44,7 @@ def test_first_pass_old_logprobs_and_values_give_the_same_update(tmp_path, monke
                                                                  one_torch_thread):
     fast = one_step(tmp_path / "fast", critic)
     with monkeypatch.context() as patch:
-        patch.setattr(LocalTrainer, "_first_pass_is_old", lambda self, n: False)
+        patch.setattr(LocalTrainer, "_first_pass_is_old", lambda self, n, *rest: False)
         patch.setattr(LocalTrainer, "_critic_pass_gives_values", lambda self, n, *rest: False)
         slow = one_step(tmp_path / "slow", critic)
     assert fast["metrics"]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1 in that pass
@@ -80,3 +80,52 @@ def test_no_shortcut_where_the_old_logprobs_are_needed_first(tmp_path, one_torch
     assert not trainer._critic_pass_gives_values(4)
     shared = tiny_trainer(tmp_path / "shared", "critic.share_backbone=true")
     assert not shared._first_pass_is_old(4) and not shared._critic_pass_gives_values(4)
+    assert shared._first_pass_is_old(4, rollout_features=True)  # values from the rollout
+
+
+def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread):
+    """With a critic on the actor's backbone the rollout returns the engine's features: its
+    values equal the old-log-prob pass's (1e-5 at model tokens), the update is the same (weights
+    within 1e-6), and it runs no scoring pass: the actor's first pass gives the old log-probs."""
+    from agentrl.envs.splits import train_seeds
+    from agentrl.rollout import to_batch
+
+    overrides = ("critic.share_backbone=true", "algorithm.adv_estimator=gae",
+                 "train.presets=[tightBlocksworldTurnsAgent]", "rollout.max_new_tokens=8")
+    reader = tiny_trainer(tmp_path / "rollout", *overrides)
+    assert reader.sampling.return_features
+    try:
+        trajectories = reader._rollout(reader.train_presets, train_seeds(1, 2, 1), 2,
+                                       reader.sampling, desc="rollout")
+    finally:
+        reader.close()
+    batch = to_batch(trajectories, reader.pad_token_id, "turn")
+    assert batch["responses"].shape[0] > len(trajectories)  # a row per context window
+    features, mask = batch["rollout_features"], batch["response_mask"].bool()
+    assert features.shape[:2] == mask.shape and bool((features[~mask] == 0).all())
+    scored = reader._score({k: v for k, v in batch.items() if k != "rollout_features"},
+                           StageTimer())
+    from_rollout = reader._score(batch, StageTimer(), old_logprobs=False)
+    assert set(from_rollout) == {"values", "critic_features"}  # no backbone pass
+    assert torch.allclose(from_rollout["values"][mask], scored["values"][mask], atol=1e-5)
+    assert torch.allclose(features[mask], scored["critic_features"][mask], atol=1e-5)
+
+    def update(name: str, rows: dict) -> dict:
+        trainer = tiny_trainer(tmp_path / name, *overrides, "actor.lr=1e-4", "critic.lr=1e-4")
+        passes = [0]
+        trainer.actor.register_forward_pre_hook(lambda *_: passes.__setitem__(0, passes[0] + 1))
+        trainer.step = 1
+        metrics = trainer._update(dict(rows), StageTimer())
+        return {"metrics": metrics, "passes": passes[0],
+                "weights": [p.detach().clone() for p in trainer.actor.parameters()]
+                + [p.detach().clone() for p in trainer.critic.trainable_parameters()]}
+
+    fast = update("fast", batch)
+    slow = update("slow", {k: v for k, v in batch.items() if k != "rollout_features"})
+    print(f"actor forward passes: {fast['passes']} from the rollout's features, "
+          f"{slow['passes']} with a scoring pass")
+    assert fast["passes"] < slow["passes"]
+    assert fast["metrics"]["actor/ppo_kl"] == 0.0  # old log-probs from the update's first pass
+    assert fast["metrics"]["critic/returns_mean"] == pytest.approx(
+        slow["metrics"]["critic/returns_mean"], abs=1e-5)
+    assert max(float((a - b).abs().max()) for a, b in zip(fast["weights"], slow["weights"])) < 1e-6
