@@ -68,6 +68,7 @@ import torch
 from agentrl.engines import static_cache
 from agentrl.engines.constrained import Generation, RowConstraint, TokenTexts, apply_masks
 from agentrl.engines.prefix_cache import PrefixCache
+from agentrl.models.parts import backbone_of, plain_head
 from agentrl.models.precision import compute_precision
 
 __all__ = ["BatchingLLM", "GenerationStats", "SamplingParams"]
@@ -394,7 +395,7 @@ class BatchingLLM:
                 logits = apply_masks(logits, masks)
                 constraint_seconds += time.perf_counter() - mask_start
             tokens, logprobs = _choose(logits, rows, self.generator)
-            hidden = None if hidden is None else hidden.float().cpu()
+            hidden = hidden.float().cpu() if with_features else None
             keep = []
             for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
                 row = active[batch_row]
@@ -499,19 +500,19 @@ class BatchingLLM:
     def _forward(self, input_ids, attention_mask, position_ids, cache,
                  with_features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Logits of the last position, float32, shape [batch, vocab], and its last hidden
-        state [batch, hidden] if ``with_features`` (else None)."""
+        state [batch, hidden] if ``with_features`` (else None): the backbone's output and the
+        head on it where the head is plain (:func:`agentrl.models.parts.plain_head`), not every
+        layer's states of a whole prefill."""
+        inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
+                  "position_ids": position_ids, "past_key_values": cache, "use_cache": True}
         with compute_precision(self.device, self.compute_dtype):
-            out = self.model(
-                input_ids=input_ids,
-                attention_mask=attention_mask,
-                position_ids=position_ids,
-                past_key_values=cache,
-                use_cache=True,
-                logits_to_keep=1,
-                output_hidden_states=with_features,
-            )
-        hidden = out.hidden_states[-1][:, -1] if with_features else None
-        return out.logits[:, -1, :].float(), hidden
+            if not with_features:
+                return self.model(**inputs, logits_to_keep=1).logits[:, -1, :].float(), None
+            if plain_head(self.model):
+                hidden = backbone_of(self.model)(**inputs).last_hidden_state[:, -1]
+                return self.model.get_output_embeddings()(hidden).float(), hidden
+            out = self.model(**inputs, logits_to_keep=1, output_hidden_states=True)
+        return out.logits[:, -1, :].float(), out.hidden_states[-1][:, -1]
 
     def _check(self, prompt: list[int], sampling: SamplingParams) -> None:
         if not isinstance(sampling, SamplingParams):

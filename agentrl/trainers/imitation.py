@@ -20,8 +20,8 @@ import torch
 
 from agentrl.rollout.demonstrations import demonstration_seeds, play_demonstrations
 from agentrl.trainers.microbatch import micro_rows, prefix_order
-from agentrl.trainers.policy import backbone_of
-from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs, shared_prefix_inputs
+from agentrl.trainers.policy import response_logprobs
+from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 
 __all__ = ["accumulate_gradients", "loss_mask", "masked_logprobs", "oracle_demonstrations",
            "sft_update", "update_rows"]
@@ -107,22 +107,9 @@ def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch
 def masked_logprobs(model: Any, batch: dict[str, torch.Tensor], mask: torch.Tensor, *,
                     shared_prefix_tokens: int = 0, prefix: SharedPrefix | None = None
                     ) -> torch.Tensor:
-    """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``.
-
-    As :func:`agentrl.trainers.policy.response_logprobs` (response token ``i`` is predicted at
-    position ``P - 1 + i``), but the LM head runs only at the masked positions: observations
-    are most of a multi-turn response, and their logits (vocabulary-wide) would be thrown away.
-    """
-    device = next(model.parameters()).device
-    inputs = {key: batch[key].to(device) for key in ("input_ids", "attention_mask",
-                                                     "position_ids")}
-    responses = batch["responses"].to(device)
-    backbone = backbone_of(model)
-    inputs = shared_prefix_inputs(backbone, backbone, inputs, response_length=responses.shape[1],
-                                  min_tokens=shared_prefix_tokens, prefix=prefix)
-    hidden = backbone(**inputs).last_hidden_state
-    rows, columns = mask.to(device).nonzero(as_tuple=True)
-    before = hidden[:, -responses.shape[1] - 1:-1][rows, columns]
-    logits = model.get_output_embeddings()(before).float()
-    chosen = logits.gather(-1, responses[rows, columns].unsqueeze(-1)).squeeze(-1)
-    return chosen - torch.logsumexp(logits, dim=-1)
+    """Log-probs of the response tokens where ``mask`` is 1, flat ``(mask.sum(),)``: PPO's
+    :func:`agentrl.trainers.policy.response_logprobs` with the LM head at those positions only
+    (observations are most of a multi-turn response, and their logits would be thrown away)."""
+    logprobs = response_logprobs(model, batch, shared_prefix_tokens=shared_prefix_tokens,
+                                 prefix=prefix, head_mask=mask)[0]
+    return logprobs[mask.to(logprobs.device).bool()]

@@ -375,14 +375,17 @@ class LocalTrainer:
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
         temperature, share = self._temperature(), self.config.actor.shared_prefix_tokens
-        shared = self.critic is not None and self.critic.shared
+        critic_on_backbone = self.critic is not None and self.critic.shared
+        separate_critic = self.critic is not None and not self.critic.shared
         scored: dict[str, torch.Tensor] = {}
-        if shared and "rollout_features" in batch:
-            with timer("values"), torch.no_grad():
+        shared = critic_on_backbone and "rollout_features" not in batch  # needs a pass's features
+        if critic_on_backbone and not shared:  # the rollout's features: no backbone pass
+            with timer("values"):
                 features = batch["rollout_features"]
-                scored["values"] = self.critic.values_from(features.to(self.device)).cpu()
+                scored["values"] = torch.cat([
+                    self.critic.values_from(features[start:start + size].to(self.device)).cpu()
+                    for start in range(0, n, size)])
                 scored["critic_features"] = features
-            shared = False  # no backbone pass for the critic
         order = self._micro_order(batch, torch.arange(n))
         for run in plan_prefix_runs(batch, order, size, share):
             for rows in run.micro_batches:
@@ -391,7 +394,8 @@ class LocalTrainer:
                     with timer("old_logprobs"), self._precision():
                         old, _, features = response_logprobs(
                             self.actor, micro, temperature=temperature, with_features=shared,
-                            shared_prefix_tokens=share, prefix=run.prefix("actor"))
+                            shared_prefix_tokens=share, prefix=run.prefix("actor"),
+                            head_mask=micro["response_mask"])
                         parts["old"].append(pad_responses(old, length))
                 if shared:  # the critic reads this pass's features: no second backbone pass
                     with timer("values"):
@@ -402,13 +406,15 @@ class LocalTrainer:
                     with timer("ref"), self._reference() as ref, self._precision():
                         ref_logprobs = response_logprobs(ref, micro, temperature=temperature,
                                                          shared_prefix_tokens=share,
-                                                         prefix=run.prefix("ref"))[0]
+                                                         prefix=run.prefix("ref"),
+                                                         head_mask=micro["response_mask"])[0]
                         parts["ref"].append(pad_responses(ref_logprobs, length))
-                if self.critic is not None and not shared and values:
+                if separate_critic and values:
                     with timer("values"), self._precision():
                         parts["values"].append(pad_responses(
                             self.critic(micro, shared_prefix_tokens=share,
                                         prefix=run.prefix("critic")), length))
+            run.backward()  # frees the run's prefixes (no graph here)
         back = torch.argsort(order)  # batch order again
         return {**scored, **{k: torch.cat(v)[back].cpu() for k, v in parts.items()}}
 
@@ -635,7 +641,8 @@ class LocalTrainer:
             logprobs, entropy, _ = response_logprobs(
                 self.actor, micro, temperature=self._temperature(), with_entropy=True,
                 entropy_grad=config.entropy_coeff != 0,
-                shared_prefix_tokens=config.shared_prefix_tokens, prefix=prefix)
+                shared_prefix_tokens=config.shared_prefix_tokens, prefix=prefix,
+                head_mask=micro["response_mask"])
         old = micro.get("old_logprobs")
         if old is None:  # the first pass runs at the old weights: its log-probs are the old ones
             old = logprobs.detach()

@@ -18,7 +18,10 @@ the sampler could choose from before the softmax, so the log-probs (and the entr
 of the masked, renormalized distribution the sampler drew from (docs/TRAINING.md).
 
 Only the last ``R + 1`` positions go through the LM head (``logits_to_keep``): the prompt's
-logits are never materialised, which is most of the memory of a long multi-turn episode.
+logits are never materialised, which is most of the memory of a long multi-turn episode. With
+``head_mask`` (the trainer passes ``response_mask``) only the masked positions do: in a
+multi-turn row most response tokens are observations, whose vocabulary-wide logits the losses
+never read (on the default CPU preset 13 of a turn row's ~150 response tokens are the model's).
 
 Shared prefix: with ``shared_prefix_tokens > 0`` the leading tokens all rows have in common (a
 group's first prompt) run once and every row reads their keys and values
@@ -34,6 +37,7 @@ from typing import Any, Iterator
 import torch
 from torch import nn
 
+from agentrl.models.parts import backbone_of, plain_head
 from agentrl.trainers.shared_prefix import SharedPrefix, shared_prefix_inputs
 
 __all__ = ["ValueModel", "backbone_of", "checkpointing", "masked_logits", "response_logprobs"]
@@ -53,6 +57,7 @@ def response_logprobs(
     with_features: bool = False,
     shared_prefix_tokens: int = 0,
     prefix: SharedPrefix | None = None,
+    head_mask: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """Log-prob of each response token under ``model``, ``(B, R)``; its entropy (``B, R``) and
     the last hidden state before each token (``B, R, H``: a shared critic's input) on request.
@@ -64,31 +69,51 @@ def response_logprobs(
     ``entropy_grad`` (an entropy bonus in the loss). Rows sharing at least
     ``shared_prefix_tokens`` leading tokens run them once (0 = off; the module docstring), or
     read ``prefix``, the prefix of their run of micro-batches
-    (:func:`agentrl.trainers.shared_prefix.plan_prefix_runs`).
+    (:func:`agentrl.trainers.shared_prefix.plan_prefix_runs`). ``head_mask`` ``(B, R)``: the LM
+    head runs only where it is 1; log-probs and entropy are 0 elsewhere (module docstring).
     """
     from verl.utils.torch_functional import entropy_from_logits
 
     device = next(model.parameters()).device
     responses = batch["responses"].to(device)
     length = responses.shape[1]
-    inputs = shared_prefix_inputs(model, backbone_of(model), _model_inputs(batch, device),
-                                  response_length=length, min_tokens=shared_prefix_tokens,
-                                  prefix=prefix)
-    out = model(**inputs, logits_to_keep=length + 1, output_hidden_states=with_features)
-    logits = out.logits[:, :-1].float()
+    backbone = backbone_of(model)
+    where = None  # (rows, columns) of the positions the head reads; None = every response one
+    if head_mask is not None and plain_head(model):
+        inputs = shared_prefix_inputs(backbone, backbone, _model_inputs(batch, device),
+                                      response_length=length, min_tokens=shared_prefix_tokens,
+                                      prefix=prefix)
+        hidden = backbone(**inputs).last_hidden_state[:, -length - 1:-1]
+        where = head_mask.to(device).bool().nonzero(as_tuple=True)
+        logits = model.get_output_embeddings()(hidden[where]).float()
+        features = hidden if with_features else None
+    else:
+        inputs = shared_prefix_inputs(model, backbone, _model_inputs(batch, device),
+                                      response_length=length, min_tokens=shared_prefix_tokens,
+                                      prefix=prefix)
+        out = model(**inputs, logits_to_keep=length + 1, output_hidden_states=with_features)
+        logits = out.logits[:, :-1].float()
+        features = out.hidden_states[-1][:, -length - 1:-1] if with_features else None
+    picked = (lambda t: t) if where is None else (lambda t: t[where])  # noqa: E731
     if temperature != 1.0:
         logits = logits / temperature
     if "constraint_kind" in batch:
-        logits = masked_logits(logits, batch["constraint_kind"].to(device),
-                               batch["constraint_ids"].to(device))
-    chosen = logits.gather(-1, responses.unsqueeze(-1)).squeeze(-1)
+        logits = masked_logits(logits, picked(batch["constraint_kind"].to(device)),
+                               picked(batch["constraint_ids"].to(device)))
+    chosen = logits.gather(-1, picked(responses).unsqueeze(-1)).squeeze(-1)
     logprobs = chosen - torch.logsumexp(logits, dim=-1)
     entropy = None
     if with_entropy:
         with torch.set_grad_enabled(entropy_grad and torch.is_grad_enabled()):
             entropy = entropy_from_logits(logits if entropy_grad else logits.detach())
-    features = out.hidden_states[-1][:, -length - 1:-1] if with_features else None
+    if where is not None:  # back to (B, R), zeros where the head did not run
+        logprobs = responses.new_zeros(responses.shape, dtype=logprobs.dtype).index_put(
+            where, logprobs)
+        if entropy is not None:
+            entropy = responses.new_zeros(responses.shape, dtype=entropy.dtype).index_put(
+                where, entropy)
     return logprobs, entropy, features
+
 
 
 @contextlib.contextmanager
@@ -128,14 +153,6 @@ def masked_logits(logits: torch.Tensor, kind: torch.Tensor, ids: torch.Tensor) -
     allowed = torch.where((kind == 1)[..., None], listed, ~listed) | (kind < 0)[..., None]
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
 
-
-def backbone_of(model: Any) -> nn.Module:
-    """The transformer under a causal LM's head (``model.model`` for Llama-like models)."""
-    base = model.get_base_model() if hasattr(model, "get_base_model") else model
-    backbone = getattr(base, base.base_model_prefix, None)
-    if backbone is None:
-        raise ValueError(f"cannot find the backbone of {type(base).__name__}")
-    return backbone
 
 
 class ValueModel(nn.Module):

@@ -160,9 +160,10 @@ class SharedPrefix:
             past = backbone(input_ids=self.ids.to(device), position_ids=self.positions.to(device),
                             use_cache=True).past_key_values
             outputs = [t for layer in past.layers for t in (layer.keys, layer.values)]
-            if any(t.requires_grad for t in outputs):
-                self._outputs = outputs
-                self._leaves = [t.detach().requires_grad_() for t in outputs]
+            if any(t.requires_grad for t in outputs):  # a leaf for each one with a gradient
+                self._outputs = outputs  # (LoRA on some projections leaves others constant)
+                self._leaves = [t.detach().requires_grad_() if t.requires_grad else t
+                                for t in outputs]
             else:
                 self._leaves = outputs
         cache = DynamicCache()
@@ -176,7 +177,7 @@ class SharedPrefix:
         weight gets the prefix's share of the gradient once. Then the prefix is freed."""
         if self._outputs is not None:
             pairs = [(out, leaf.grad) for out, leaf in zip(self._outputs, self._leaves)
-                     if leaf.grad is not None]
+                     if out.requires_grad and leaf.grad is not None]
             if pairs:
                 torch.autograd.backward([out for out, _ in pairs], [grad for _, grad in pairs])
         self._outputs = self._leaves = None
@@ -202,7 +203,8 @@ class PrefixRun:
 
     def backward(self) -> None:
         """After the run's micro-batches' backward passes: the prefixes' share (see
-        :meth:`SharedPrefix.backward`)."""
+        :meth:`SharedPrefix.backward`); then they are freed (also the way to free the prefixes
+        of a no-grad pass)."""
         for prefix in self._prefixes.values():
             prefix.backward()
         self._prefixes.clear()

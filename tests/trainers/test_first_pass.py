@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from agentrl.trainers.local import LocalTrainer, StageTimer
+from agentrl.trainers.policy import backbone_of
 from update_fixtures import GradientRecorder, relative_difference, tiny_trainer, two_turn_batch
 
 
@@ -28,7 +29,8 @@ def one_step(tmp_path, *overrides: str) -> dict:
         def count(*_, record=out[role]):
             record["passes"] += 1
 
-        model.register_forward_pre_hook(count)
+        # the actor's passes run its backbone (the LM head only at model tokens)
+        (backbone_of(model) if role == "actor" else model).register_forward_pre_hook(count)
     trainer.step = 1
     metrics = trainer._update(two_turn_batch(4), StageTimer())
     for record in out.values():
@@ -113,7 +115,8 @@ def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread)
     def update(name: str, rows: dict) -> dict:
         trainer = tiny_trainer(tmp_path / name, *overrides, "actor.lr=1e-4", "critic.lr=1e-4")
         passes = [0]
-        trainer.actor.register_forward_pre_hook(lambda *_: passes.__setitem__(0, passes[0] + 1))
+        backbone_of(trainer.actor).register_forward_pre_hook(
+            lambda *_: passes.__setitem__(0, passes[0] + 1))
         trainer.step = 1
         metrics = trainer._update(dict(rows), StageTimer())
         return {"metrics": metrics, "passes": passes[0],

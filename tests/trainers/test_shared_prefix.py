@@ -280,15 +280,18 @@ def run_pass(model, batch, rows, micro_batch_size: int, share: int) -> dict:
     return {"logprobs": torch.cat(logprobs), "grads": grads}
 
 
-@pytest.mark.parametrize("variant", ["plain", "lora"])
+@pytest.mark.parametrize("variant", ["plain", "lora", "lora_qv"])
 def test_a_run_reads_its_prefix_once_and_gives_the_unshared_gradients(model, variant):
     """Micro-batches of one row: each group's prefix runs once for its three micro-batches, and
-    their gradients on its keys and values reach the weights once, summed."""
-    if variant == "lora":
+    their gradients on its keys and values reach the weights once, summed. With LoRA on the
+    query and value projections only, the first layer's keys need no gradient."""
+    if variant.startswith("lora"):
         from peft import LoraConfig, get_peft_model
 
+        targets = (["q_proj", "v_proj"] if variant == "lora_qv"
+                   else ["q_proj", "k_proj", "v_proj", "o_proj"])
         model = get_peft_model(__import__("copy").deepcopy(model), LoraConfig(
-            r=4, lora_alpha=8, target_modules=["q_proj", "k_proj", "v_proj", "o_proj"]))
+            r=4, lora_alpha=8, target_modules=targets))
         for name, param in model.named_parameters():
             if "lora_B" in name:
                 torch.nn.init.normal_(param, std=0.05, generator=torch.Generator().manual_seed(0))
