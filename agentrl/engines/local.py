@@ -231,6 +231,7 @@ class BatchingLLM:
         self.prefix_cache = PrefixCache(prefix_cache_tokens)
         self._cache_usable: bool | None = None  # known after the first prefill
         self._static: bool | None = None  # decode over a static cache (static_cache.supports)
+        self._plain_head: bool | None = None  # logits = output embedding (models.parts)
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="agentrl-llm")
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: asyncio.Queue | None = None
@@ -508,8 +509,10 @@ class BatchingLLM:
         with compute_precision(self.device, self.compute_dtype):
             if not with_features:
                 return self.model(**inputs, logits_to_keep=1).logits[:, -1, :].float(), None
-            if plain_head(self.model):
-                hidden = backbone_of(self.model)(**inputs).last_hidden_state[:, -1]
+            if self._plain_head is None:
+                self._plain_head = plain_head(self.model)
+            if self._plain_head:  # not the whole prefill's states: a copy of the last position
+                hidden = backbone_of(self.model)(**inputs).last_hidden_state[:, -1].clone()
                 return self.model.get_output_embeddings()(hidden).float(), hidden
             out = self.model(**inputs, logits_to_keep=1, output_hidden_states=True)
         return out.logits[:, -1, :].float(), out.hidden_states[-1][:, -1]

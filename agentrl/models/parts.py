@@ -7,7 +7,7 @@ from typing import Any
 
 from torch import nn
 
-__all__ = ["backbone_of", "plain_head"]
+__all__ = ["PLAIN_HEAD_MODEL_TYPES", "backbone_of", "plain_head"]
 
 
 def backbone_of(model: Any) -> nn.Module:
@@ -20,11 +20,16 @@ def backbone_of(model: Any) -> nn.Module:
     return backbone
 
 
+PLAIN_HEAD_MODEL_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+"""Architectures whose logits are ``lm_head(last_hidden_state)`` and nothing else (others scale
+or soft-cap them: Gemma 2 and 3, Cohere, Granite, Falcon-H1, ...)."""
+
+
 def plain_head(model: Any) -> bool:
     """Whether ``model``'s logits are its output embedding applied to the backbone's last hidden
-    state, nothing else (no soft-capping or scaling, as Gemma 2 or Cohere add), so the head can
-    run on chosen positions alone."""
-    config = getattr(model, "config", None)
-    return (model.get_output_embeddings() is not None
-            and not getattr(config, "final_logit_softcapping", None)
-            and getattr(config, "logit_scale", None) in (None, 1, 1.0))
+    state, nothing else (:data:`PLAIN_HEAD_MODEL_TYPES`), so the head can run on chosen
+    positions alone."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    config = getattr(base, "config", None)
+    return (getattr(config, "model_type", None) in PLAIN_HEAD_MODEL_TYPES
+            and base.get_output_embeddings() is not None)

@@ -78,13 +78,13 @@ def response_logprobs(
     responses = batch["responses"].to(device)
     length = responses.shape[1]
     backbone = backbone_of(model)
-    where = None  # (rows, columns) of the positions the head reads; None = every response one
-    if head_mask is not None and plain_head(model):
+    # (rows, columns) of the positions whose log-probs are kept; None = every response one
+    where = None if head_mask is None else head_mask.to(device).bool().nonzero(as_tuple=True)
+    if where is not None and plain_head(model):  # the head runs at those positions only
         inputs = shared_prefix_inputs(backbone, backbone, _model_inputs(batch, device),
                                       response_length=length, min_tokens=shared_prefix_tokens,
                                       prefix=prefix)
         hidden = backbone(**inputs).last_hidden_state[:, -length - 1:-1]
-        where = head_mask.to(device).bool().nonzero(as_tuple=True)
         logits = model.get_output_embeddings()(hidden[where]).float()
         features = hidden if with_features else None
     else:
@@ -94,6 +94,8 @@ def response_logprobs(
         out = model(**inputs, logits_to_keep=length + 1, output_hidden_states=with_features)
         logits = out.logits[:, :-1].float()
         features = out.hidden_states[-1][:, -length - 1:-1] if with_features else None
+        if where is not None:  # a head that is more than its output embedding ran full width
+            logits = logits[where]
     picked = (lambda t: t) if where is None else (lambda t: t[where])  # noqa: E731
     if temperature != 1.0:
         logits = logits / temperature
@@ -113,7 +115,6 @@ def response_logprobs(
             entropy = responses.new_zeros(responses.shape, dtype=entropy.dtype).index_put(
                 where, entropy)
     return logprobs, entropy, features
-
 
 
 @contextlib.contextmanager
@@ -152,7 +153,6 @@ def masked_logits(logits: torch.Tensor, kind: torch.Tensor, ids: torch.Tensor) -
     listed = listed[..., :vocab]
     allowed = torch.where((kind == 1)[..., None], listed, ~listed) | (kind < 0)[..., None]
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
-
 
 
 class ValueModel(nn.Module):

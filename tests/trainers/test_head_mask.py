@@ -71,3 +71,20 @@ def test_the_head_at_model_tokens_gives_the_same_logprobs_entropy_and_gradients(
     torch.testing.assert_close(masked[2], full[2], atol=1e-5, rtol=0)
     assert relative_difference(masked[3], full[3]) < 1e-5
     model.zero_grad(set_to_none=True)
+
+
+def test_a_head_that_is_more_than_its_embedding_runs_full_width(tiny, monkeypatch):
+    """Where logits are not the output embedding alone (soft-capping, scaling), the full head
+    runs, and the kept positions are the same."""
+    import agentrl.trainers.policy as policy
+
+    model, batch = tiny[0], two_turn_batch(4)
+    mask = batch["response_mask"].bool()
+    with torch.no_grad():
+        plain = response_logprobs(model, batch, head_mask=batch["response_mask"])[0]
+        monkeypatch.setattr(policy, "plain_head", lambda model: False)
+        rows = head_rows(model)
+        full = response_logprobs(model, batch, head_mask=batch["response_mask"])[0]
+    assert rows[-1] == batch["responses"].numel() + len(batch["responses"])  # R + 1 a row
+    torch.testing.assert_close(full, plain, atol=1e-5, rtol=0)
+    assert bool((full[~mask] == 0).all())
