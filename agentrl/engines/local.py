@@ -267,10 +267,12 @@ class BatchingLLM:
             await asyncio.gather(worker, return_exceptions=True)
 
     def close(self) -> None:
-        """Stop the batching task and the worker thread (waits for a running batch)."""
+        """Stop the batching task and the worker thread (waits for a running batch), and free
+        the prefix cache (up to ``prefix_cache_tokens`` of keys and values: gigabytes)."""
         if self._worker is not None and not self._worker.done():
             self._worker.cancel()
         self._executor.shutdown(wait=True)
+        self.prefix_cache.clear()
 
     def _ensure_worker(self) -> asyncio.Queue:
         """The queue of the batching task on the running loop (a new loop gets a new task)."""

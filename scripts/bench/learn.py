@@ -60,6 +60,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import shutil
 import statistics
@@ -295,6 +296,7 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
         after = eval_row(trainer.evaluate("after SFT"), args.preset)
     finally:
         trainer.close()
+        gc.collect()  # a trainer's model, optimizer and caches: free before the next stage
     train_s = result.seconds["demonstrations"] + result.seconds["train"]
     return save_stage(folder, settings, {
         "after": after, "checkpoint": str(result.checkpoint), "updates": result.updates,
@@ -326,6 +328,7 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
         run = trainer.fit(deadline=deadline(minutes))
     finally:
         trainer.close()
+        gc.collect()  # a trainer's model, optimizer and caches: free before the next stage
     records = read_metrics(run.metrics)
     key = f"val/{args.preset}/"
     last = next(r for r in reversed(records) if r.get(key + "success") is not None)
