@@ -170,7 +170,7 @@ class LocalTrainer:
         self.sampling = SamplingParams(temperature=r.temperature, top_p=r.top_p, top_k=r.top_k,
                                        max_new_tokens=r.max_new_tokens,
                                        constrained_actions=config.constrained_actions,
-                                       return_features=self._critic_reads_rollout())
+                                       return_features=self._critic_on_backbone)
         val_tokens = config.val.max_new_tokens or r.max_new_tokens
         self.val_sampling = SamplingParams(greedy=True, max_new_tokens=val_tokens,
                                            constrained_actions=config.constrained_actions)
@@ -375,11 +375,11 @@ class LocalTrainer:
         parts: dict[str, list[torch.Tensor]] = defaultdict(list)
         n, length = batch["responses"].shape
         temperature, share = self._temperature(), self.config.actor.shared_prefix_tokens
-        critic_on_backbone = self.critic is not None and self.critic.shared
-        separate_critic = self.critic is not None and not self.critic.shared
+        separate_critic = self.critic is not None and not self._critic_on_backbone
         scored: dict[str, torch.Tensor] = {}
-        shared = critic_on_backbone and "rollout_features" not in batch  # needs a pass's features
-        if critic_on_backbone and not shared:  # the rollout's features: no backbone pass
+        # a critic on the backbone reads the rollout's features, else the old-log-prob pass's
+        shared = self._critic_on_backbone and "rollout_features" not in batch
+        if self._critic_on_backbone and not shared:  # no backbone pass for the critic
             with timer("values"):
                 features = batch["rollout_features"]
                 scored["values"] = torch.cat([
@@ -433,13 +433,14 @@ class LocalTrainer:
         (``rollout_features``)."""
         config = self.config
         one_mini_batch = (config.actor.ppo_mini_batch_size or n) >= n
-        shared = self.critic is not None and self.critic.shared
         return (config.actor.ppo_epochs == 1 and one_mini_batch
-                and not config.algorithm.use_kl_in_reward and (rollout_features or not shared))
+                and not config.algorithm.use_kl_in_reward
+                and (rollout_features or not self._critic_on_backbone))
 
-    def _critic_reads_rollout(self) -> bool:
-        """Whether the rollout returns the engine's features: a critic on the actor's backbone
-        then gets its values from them, without a backbone pass of its own (:meth:`_score`)."""
+    @property
+    def _critic_on_backbone(self) -> bool:
+        """A critic that reads the actor's backbone: the rollout then returns the engine's
+        features, and its values come from them without a backbone pass (:meth:`_score`)."""
         return self.critic is not None and self.critic.shared
 
     def _temperature(self) -> float:
