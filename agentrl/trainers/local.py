@@ -490,7 +490,9 @@ class LocalTrainer:
         batch = {**batch, "row": torch.arange(n), "rewards": rewards}
         skipped = 0
         if critic_pass_values and all_finite(rewards):  # the critic's pass gives the values
-            self._first_pass_values = torch.zeros_like(mask)
+            # NaN until a micro-batch writes them: rows a stopped pass never reached have no
+            # values, and GAE on them is non-finite, so the guard below skips the step
+            self._first_pass_values = torch.full_like(mask, float("nan"))
             # the clip is around this pass's own values: it cannot bind
             critic_metrics, skipped = self._critic_update(batch, timer,
                                                           config.critic.cliprange_value)
@@ -506,8 +508,8 @@ class LocalTrainer:
             metrics["guard/skipped_updates"] = 1.0
             return metrics
         batch.update(advantages=advantages, returns=returns)
-        if first_pass_is_old:  # filled by the actor's update, row by row
-            self._first_pass_logprobs = torch.zeros_like(mask)
+        if first_pass_is_old:  # filled by the actor's update, row by row (NaN: not reached)
+            self._first_pass_logprobs = torch.full_like(mask, float("nan"))
         else:
             batch["old_logprobs"] = scored["old"]
         if "ref" in scored:
@@ -530,7 +532,8 @@ class LocalTrainer:
             skipped += s
         if first_pass_is_old:
             scored["old"] = self._first_pass_logprobs
-        metrics.update(logprob_gap(batch["rollout_log_probs"], scored["old"], mask))
+        if all_finite(scored["old"]):  # a first pass stopped by a non-finite loss has gaps
+            metrics.update(logprob_gap(batch["rollout_log_probs"], scored["old"], mask))
         self.actor_sched.step()
         if self.critic_sched is not None:
             self.critic_sched.step()

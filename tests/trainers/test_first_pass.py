@@ -10,6 +10,7 @@ import dataclasses
 import pytest
 import torch
 
+from agentrl.trainers import ppo
 from agentrl.trainers.local import LocalTrainer, StageTimer
 from agentrl.trainers.policy import backbone_of
 from update_fixtures import GradientRecorder, relative_difference, tiny_trainer, two_turn_batch
@@ -132,3 +133,45 @@ def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread)
     assert fast["metrics"]["critic/returns_mean"] == pytest.approx(
         slow["metrics"]["critic/returns_mean"], abs=1e-5)
     assert max(float((a - b).abs().max()) for a, b in zip(fast["weights"], slow["weights"])) < 1e-6
+
+
+def test_a_critic_update_cut_short_leaves_no_made_up_values(tmp_path, monkeypatch,
+                                                            one_torch_thread):
+    """The critic's first pass gives GAE its values micro-batch by micro-batch. A non-finite
+    loss stops that pass after its first micro-batch: the rows it never reached have no values,
+    so the step must be skipped, not trained on advantages made from zeros."""
+    trainer = tiny_trainer(tmp_path, "critic.share_backbone=false", "actor.micro_batch_size=2")
+    assert trainer._critic_pass_gives_values(4)
+    value_loss = ppo.value_loss
+
+    def infinite_on_first_call(*args, calls=[], **kwargs):
+        loss, clipfrac = value_loss(*args, **kwargs)
+        calls.append(1)
+        return (loss * float("inf") if len(calls) == 1 else loss), clipfrac
+
+    monkeypatch.setattr(ppo, "value_loss", infinite_on_first_call)
+    before = [p.detach().clone() for p in trainer.actor.parameters()]
+    trainer.step = 1
+    metrics = trainer._update(two_turn_batch(4), StageTimer())
+    assert metrics["guard/skipped_updates"] >= 1
+    assert all(torch.equal(a, p) for a, p in zip(before, trainer.actor.parameters()))
+
+
+def test_an_actor_update_cut_short_reports_no_made_up_logprob_gap(tmp_path, monkeypatch,
+                                                                  one_torch_thread):
+    """The actor's first pass gives the old log-probs row by row; after a non-finite loss the
+    rows it never reached have none, so no sampler-trainer gap is reported from them."""
+    trainer = tiny_trainer(tmp_path, "algorithm.adv_estimator=grpo", "actor.micro_batch_size=2")
+    assert trainer._first_pass_is_old(4)
+    policy_loss = ppo.policy_loss
+
+    def infinite_on_first_call(*args, calls=[], **kwargs):
+        loss, stats = policy_loss(*args, **kwargs)
+        calls.append(1)
+        return (loss * float("inf") if len(calls) == 1 else loss), stats
+
+    monkeypatch.setattr(ppo, "policy_loss", infinite_on_first_call)
+    trainer.step = 1
+    metrics = trainer._update(two_turn_batch(4), StageTimer())
+    assert metrics["guard/skipped_updates"] == 1
+    assert "rollout/logprob_gap_mean" not in metrics
