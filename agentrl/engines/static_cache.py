@@ -31,16 +31,13 @@ from typing import Any
 
 import torch
 
+from agentrl.models.parts import causal_lm
+
 __all__ = ["StaticCacheDecoder", "supports"]
 
 SUPPORTED_MODEL_TYPES = ("llama", "qwen2", "mistral")
 """Decoder-only models whose layers are exactly: RMSNorm, attention with q/k/v/o projections
 and rotary embeddings, RMSNorm, MLP (what :meth:`StaticCacheDecoder.step` reproduces)."""
-
-
-def causal_lm(model: Any) -> Any:
-    """The transformers model under a PEFT wrapper (the model itself otherwise)."""
-    return model.get_base_model() if hasattr(model, "get_base_model") else model
 
 
 def supports(model: Any) -> bool:

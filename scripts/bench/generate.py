@@ -64,7 +64,7 @@ import dataclasses
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.bench_cli import device_name, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.engines.static_cache import causal_lm
+from agentrl.models.parts import causal_lm
 from agentrl.models import end_of_turn_ids, load_model
 
 TOPICS = ["Sokoban", "Tetris", "BlocksWorld", "TextWorld"]
@@ -198,6 +198,16 @@ def bench(llm: BatchingLLM, prompts, batch_size: int, sampling: SamplingParams,
     }
 
 
+def with_roofline(row: dict, model, machine: dict, costs: dict, context: float) -> dict:
+    """``row`` with its batch size's roofline, weight-matmul floor and share of the roofline."""
+    size = row["batch_size"]
+    row.update(roofline(machine, costs, size, context))
+    row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
+    row["roofline_share"] = round(
+        row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
+    return row
+
+
 def vllm_rows(model, tokenizer, prompts, batch_sizes: list[int], max_new_tokens: int,
               machine: dict, costs: dict, context: float) -> list[dict]:
     """The free-decoding rows of the same prompts through vLLM's CPU build (module docstring)."""
@@ -252,11 +262,7 @@ def vllm_rows(model, tokenizer, prompts, batch_sizes: list[int], max_new_tokens:
                "decode_tokens_per_second": round(len(prompts) * (max_new_tokens - 1) / decode, 1),
                "ms_per_decode_step": round(1000 * decode / (chunks * (max_new_tokens - 1)), 2),
                "weight_load_seconds": round(sorted(loads)[1], 3)}
-        row.update(roofline(machine, costs, size, context))
-        row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
-        row["roofline_share"] = round(
-            row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
-        rows.append(row)
+        rows.append(with_roofline(row, model, machine, costs, context))
         print(row, flush=True)
     return rows
 
@@ -304,11 +310,7 @@ def main(argv: list[str] | None = None) -> None:
     for size in args.batch_sizes if args.engine != "vllm" else ():
         for name, run in runs:
             row = {"engine": "local", **bench(llm, prompts, size, run, name)}
-            row.update(roofline(machine, costs, size, context))
-            row["weight_matmul_ms"] = round(weight_matmul_ms(model, size), 1)
-            row["roofline_share"] = round(
-                row["decode_tokens_per_second"] / row["roofline_tokens_per_second"], 3)
-            rows.append(row)
+            rows.append(with_roofline(row, model, machine, costs, context))
             print(rows[-1], flush=True)  # each row as it is measured: a long run keeps them
     llm.close()
     if args.engine != "local":

@@ -135,6 +135,18 @@ def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread)
     assert max(float((a - b).abs().max()) for a, b in zip(fast["weights"], slow["weights"])) < 1e-6
 
 
+def infinite_on_first_call(loss_function):
+    """``loss_function`` (returning ``(loss, extra)``) whose first call's loss is infinite."""
+    calls = []
+
+    def wrapped(*args, **kwargs):
+        loss, extra = loss_function(*args, **kwargs)
+        calls.append(1)
+        return (loss * float("inf") if len(calls) == 1 else loss), extra
+
+    return wrapped
+
+
 def test_a_critic_update_cut_short_leaves_no_made_up_values(tmp_path, monkeypatch,
                                                             one_torch_thread):
     """The critic's first pass gives GAE its values micro-batch by micro-batch. A non-finite
@@ -142,14 +154,7 @@ def test_a_critic_update_cut_short_leaves_no_made_up_values(tmp_path, monkeypatc
     so the step must be skipped, not trained on advantages made from zeros."""
     trainer = tiny_trainer(tmp_path, "critic.share_backbone=false", "actor.micro_batch_size=2")
     assert trainer._critic_pass_gives_values(4)
-    value_loss = ppo.value_loss
-
-    def infinite_on_first_call(*args, calls=[], **kwargs):
-        loss, clipfrac = value_loss(*args, **kwargs)
-        calls.append(1)
-        return (loss * float("inf") if len(calls) == 1 else loss), clipfrac
-
-    monkeypatch.setattr(ppo, "value_loss", infinite_on_first_call)
+    monkeypatch.setattr(ppo, "value_loss", infinite_on_first_call(ppo.value_loss))
     before = [p.detach().clone() for p in trainer.actor.parameters()]
     trainer.step = 1
     metrics = trainer._update(two_turn_batch(4), StageTimer())
@@ -163,14 +168,7 @@ def test_an_actor_update_cut_short_reports_no_made_up_logprob_gap(tmp_path, monk
     rows it never reached have none, so no sampler-trainer gap is reported from them."""
     trainer = tiny_trainer(tmp_path, "algorithm.adv_estimator=grpo", "actor.micro_batch_size=2")
     assert trainer._first_pass_is_old(4)
-    policy_loss = ppo.policy_loss
-
-    def infinite_on_first_call(*args, calls=[], **kwargs):
-        loss, stats = policy_loss(*args, **kwargs)
-        calls.append(1)
-        return (loss * float("inf") if len(calls) == 1 else loss), stats
-
-    monkeypatch.setattr(ppo, "policy_loss", infinite_on_first_call)
+    monkeypatch.setattr(ppo, "policy_loss", infinite_on_first_call(ppo.policy_loss))
     trainer.step = 1
     metrics = trainer._update(two_turn_batch(4), StageTimer())
     assert metrics["guard/skipped_updates"] == 1
