@@ -17,7 +17,10 @@ the next window's first reply token, read on the next window's (shorter) context
 
 **Per-turn discounting** (:func:`turn_gae`): ``gamma`` between turns, 1 within a reply (RAGEN's
 and GiGPO's convention; per-token ``gamma`` discounts a turn's reward by ``gamma ** tokens``).
-Each turn (a maximal run of model tokens) becomes one step: its reward is the sum of its token
+Each turn becomes one step. Turns are found in the batch's own rows (:func:`episode_turn_spans`):
+within a row an observation always separates two replies, and a row boundary always ends one.
+In the stitched mask a window that ends on a model token at full width touches the next
+window's first reply, so gaps in the stitched mask would merge two turns. A turn's step: its reward is the sum of its token
 rewards, its value the critic's value before its first token. verl's GAE runs over those steps;
 every token of a turn gets its turn's return, and the advantage ``return - value`` whitened
 over model tokens as verl's GAE whitens it.
@@ -29,7 +32,8 @@ from typing import Callable
 
 import torch
 
-__all__ = ["rows_by_episode", "stitch", "turn_gae", "turn_spans", "unstitch"]
+__all__ = ["episode_turn_spans", "rows_by_episode", "stitch", "turn_gae", "turn_spans",
+           "unstitch"]
 
 
 def rows_by_episode(episode_index: torch.Tensor) -> list[list[int]]:
@@ -76,17 +80,30 @@ def turn_spans(mask_row: torch.Tensor) -> list[tuple[int, int]]:
     return spans
 
 
+def episode_turn_spans(rows: list[list[int]], response_mask: torch.Tensor
+                       ) -> list[list[tuple[int, int]]]:
+    """The turns of each episode in :func:`stitch`'s layout: each row's own :func:`turn_spans`,
+    shifted to where :func:`stitch` puts the row, so no turn crosses a row boundary."""
+    width = response_mask.shape[1]
+    return [[(j * width + start, j * width + end)
+             for j, row in enumerate(episode) for start, end in turn_spans(response_mask[row])]
+            for episode in rows]
+
+
 GaeFn = Callable[..., tuple[torch.Tensor, torch.Tensor]]
 
 
 def turn_gae(gae: GaeFn, token_rewards: torch.Tensor, values: torch.Tensor,
-             response_mask: torch.Tensor, *, gamma: float, lam: float
+             response_mask: torch.Tensor, *, gamma: float, lam: float,
+             spans: list[list[tuple[int, int]]] | None = None
              ) -> tuple[torch.Tensor, torch.Tensor]:
     """``(advantages, returns)`` ``(B, R)`` with ``gamma`` and ``lam`` per turn (module
-    docstring). ``gae`` is verl's ``compute_gae_advantage_return``."""
+    docstring). ``gae`` is verl's ``compute_gae_advantage_return``. ``spans``: each row's turns
+    (:func:`episode_turn_spans` for stitched rows); by default each row's runs of model tokens."""
     from verl.utils.torch_functional import masked_whiten
 
-    spans = [turn_spans(row) for row in response_mask]
+    if spans is None:
+        spans = [turn_spans(row) for row in response_mask]
     turns = max(1, max(len(s) for s in spans))
     shape = (response_mask.shape[0], turns)
     step_rewards = token_rewards.new_zeros(shape)

@@ -124,22 +124,25 @@ def compute_advantages(estimator: str, token_rewards: torch.Tensor, response_mas
     tensors = [token_rewards, response_mask] + ([values] if values is not None else [])
     stitched = episodes.stitch(rows, *tensors)
     groups = None if group_index is None else np.asarray(group_index)[[r[0] for r in rows]]
+    turns = episodes.episode_turn_spans(rows, response_mask) if gamma_unit == "turn" else None
     advantages, returns = _estimate(estimator, *stitched[:2],
                                     values=stitched[2] if values is not None else None,
                                     group_index=groups, gamma=gamma, lam=lam,
                                     norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
-                                    gamma_unit=gamma_unit)
+                                    turns=turns)
     return episodes.unstitch(rows, advantages, width), episodes.unstitch(rows, returns, width)
 
 
 def _estimate(estimator: str, token_rewards: torch.Tensor, response_mask: torch.Tensor, *,
               values: torch.Tensor | None, group_index: np.ndarray | None, gamma: float,
-              lam: float, norm_adv_by_std_in_grpo: bool, gamma_unit: str
-              ) -> tuple[torch.Tensor, torch.Tensor]:
+              lam: float, norm_adv_by_std_in_grpo: bool,
+              turns: list[list[tuple[int, int]]] | None) -> tuple[torch.Tensor, torch.Tensor]:
+    """One estimator call on stitched episodes; ``turns`` (per-turn GAE): each episode's turns."""
     fn = _core().get_adv_estimator_fn(estimator)
     if estimator == "gae":
-        if gamma_unit == "turn":
-            return episodes.turn_gae(fn, token_rewards, values, response_mask, gamma=gamma, lam=lam)
+        if turns is not None:
+            return episodes.turn_gae(fn, token_rewards, values, response_mask, gamma=gamma,
+                                     lam=lam, spans=turns)
         return fn(token_level_rewards=token_rewards, values=values, response_mask=response_mask,
                   gamma=gamma, lam=lam)
     kwargs: dict[str, Any] = {"token_level_rewards": token_rewards, "response_mask": response_mask,

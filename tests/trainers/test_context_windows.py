@@ -125,3 +125,16 @@ def test_a_training_step_logs_the_logprob_gap_of_windowed_episodes(gamma_unit, t
     assert 0 <= metrics["rollout/logprob_gap_max"] < 1e-4
     assert metrics["rollout/logprob_gap_mean"] <= metrics["rollout/logprob_gap_max"]
     assert metrics["guard/skipped_updates"] == 0
+
+
+def test_a_window_ending_at_full_width_does_not_merge_with_the_next_windows_reply():
+    """Two windows of one episode: the first ends on a model token at full width, the second
+    starts with a reply. Stitched end to end their model tokens touch, but they are two turns:
+    per-turn GAE must discount the second one (gamma 0.5: 1 + 0.5 * 2 = 2, not 1 + 2)."""
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]])
+    rewards = torch.tensor([[0.0, 0.0, 1.0], [0.0, 2.0, 0.0]])
+    _, returns = ppo.compute_advantages(
+        "gae", rewards, mask, values=torch.zeros_like(mask), gamma=0.5, lam=1.0,
+        gamma_unit="turn", episode_index=torch.tensor([0, 0]))
+    assert returns[0].tolist() == pytest.approx([2.0, 2.0, 2.0])
+    assert returns[1, :2].tolist() == pytest.approx([2.0, 2.0])
