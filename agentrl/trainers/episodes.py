@@ -20,10 +20,10 @@ and GiGPO's convention; per-token ``gamma`` discounts a turn's reward by ``gamma
 Each turn becomes one step. Turns are found in the batch's own rows (:func:`episode_turn_spans`):
 within a row an observation always separates two replies, and a row boundary always ends one.
 In the stitched mask a window that ends on a model token at full width touches the next
-window's first reply, so gaps in the stitched mask would merge two turns. A turn's step: its reward is the sum of its token
-rewards, its value the critic's value before its first token. verl's GAE runs over those steps;
-every token of a turn gets its turn's return, and the advantage ``return - value`` whitened
-over model tokens as verl's GAE whitens it.
+window's first reply, so gaps in the stitched mask would merge two turns. A turn's step
+reward is the sum of its token rewards, its value the critic's value before its first token.
+verl's GAE runs over those steps; every token of a turn gets its turn's return, and the
+advantage ``return - value`` whitened over model tokens as verl's GAE whitens it.
 """
 
 from __future__ import annotations
