@@ -23,6 +23,7 @@ from typing import Any
 
 from agentrl.agents.parsing import ANSWER_FORMATS
 from agentrl.envs import GAMES
+from agentrl.envs.blocksworld import UNPARSEABLE_PENALTY
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "agents.yaml"
 """``<repo>/configs/agents.yaml``: found from the package, not from the working directory."""
@@ -40,6 +41,11 @@ FORMAT_MARGIN = 0.1
 """How far ``format_penalty: auto`` sits below the worst legal turn (the old flat penalty), so a
 malformed reply is strictly worse than any turn of legal actions, even in a game whose legal
 actions never cost anything (TextWorld, Bandit)."""
+WORST_TEXT_REWARD = {"BlocksWorld": UNPARSEABLE_PENALTY}
+"""Per game, the least one action's text earns when it is below ``worst_legal_reward`` (text
+the game cannot parse): ``auto`` prices a malformed reply below a well-formed turn of such
+texts, so writing the format never pays worse than breaking it (the other games score
+unparseable text at or above their worst legal action)."""
 
 
 @dataclass(frozen=True)
@@ -100,17 +106,20 @@ class AgentConfig:
         """The reward of a malformed reply in a game whose legal actions pay at least
         ``worst_legal_reward`` each (the env's attribute of that name).
 
-        ``auto`` = ``worst_legal_reward x k - FORMAT_MARGIN`` with ``k = max(max_actions_per_turn,
-        ceil(max_actions_all_turns / max_turns))``: below a full turn of the worst legal actions
-        (``k >= max_actions_per_turn``), and ``max_turns`` malformed replies below spending the
-        whole action budget on them (``max_turns x k >= max_actions_all_turns``). So every turn
-        and every episode of legal play returns more than breaking the format.
+        ``auto`` = ``worst x k - FORMAT_MARGIN`` with ``worst`` the least of
+        ``worst_legal_reward`` and the game's :data:`WORST_TEXT_REWARD` (any action text, legal
+        or not) and ``k = max(max_actions_per_turn, ceil(max_actions_all_turns / max_turns))``:
+        below a full well-formed turn of the worst action texts (``k >= max_actions_per_turn``),
+        and ``max_turns`` malformed replies below spending the whole action budget on them
+        (``max_turns x k >= max_actions_all_turns``). So every turn and every episode of
+        well-formed replies returns more than breaking the format.
         """
         if self.format_penalty != AUTO:
             return self.format_penalty
         actions = max(self.max_actions_per_turn,
                       math.ceil(self.max_actions_all_turns / self.max_turns))
-        return min(0.0, worst_legal_reward) * actions - FORMAT_MARGIN
+        worst = min(0.0, worst_legal_reward, WORST_TEXT_REWARD.get(self.game, 0.0))
+        return worst * actions - FORMAT_MARGIN
 
 
 def _is_int(value: Any, low: int) -> bool:

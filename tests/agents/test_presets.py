@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from agentrl.agents import Agent, load_agent_presets, parse_response
+from agentrl.agents import Agent, format_response, load_agent_presets, parse_response
 from agentrl.envs.splits import split_seeds
 
 PRESETS = load_agent_presets(check_envs=False)
@@ -80,3 +80,20 @@ def test_the_oracle_wins_every_validation_seed_within_the_budgets(name):
     assert not lost, (f"{name}: the oracle loses (seed, plan length) {lost} with "
                       f"max_actions_all_turns={config.max_actions_all_turns}, max_turns="
                       f"{config.max_turns}, max_actions_per_turn={config.max_actions_per_turn}")
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_a_malformed_reply_never_pays_better_than_a_well_formed_one(name):
+    """``format_penalty: auto`` sits below a well-formed reply of the most actions a turn
+    allows, each text the game cannot parse (BlocksWorld: -5 an action), so dropping the
+    tags never pays better than writing them (issue 22, defect 5)."""
+    config = PRESETS[name]
+    reply = format_response(["xyzzy"] * config.max_actions_per_turn,
+                            separator=config.action_separator,
+                            think="" if config.enable_think else None,
+                            answer_format=config.answer_format)
+    with Agent(config) as agent:
+        agent.reset(seed=val_seeds(name)[0])
+        result = agent.step(reply)
+        assert result.format_ok and result.num_valid_actions == 0, (name, reply)
+        assert agent.format_penalty < result.reward, (name, agent.format_penalty, result.reward)
