@@ -25,6 +25,9 @@ One training step is a short sequence of named stages (each timed as ``timing/<s
    :mod:`agentrl.trainers.shared_prefix`; the same gradients, in every pass). A loss metric
    (``actor/pg_loss``, ``actor/entropy``, ``actor/kl_loss``, ``critic/vf_loss``) is the
    mini-batch's aggregated term under ``loss_agg_mode``, averaged over the step's mini-batches.
+   The actor's terms leave out the tokens a constraint forced (one allowed id: no choice, log-prob
+   0 under every policy), which would shrink the step and the entropy by their share
+   (:func:`agentrl.trainers.policy.choice_mask`).
 
 Precision: the weights stay float32; ``model.dtype: bfloat16`` runs the sampler's and the
 trainer's forward passes under autocast (:mod:`agentrl.models.precision`), so AdamW updates
@@ -80,7 +83,7 @@ from agentrl.trainers.guards import (
 )
 from agentrl.trainers.microbatch import micro_rows, pad_responses, prefix_order
 from agentrl.trainers.plots import plot_learning_curves, reference_success
-from agentrl.trainers.policy import ValueModel, checkpointing, response_logprobs
+from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, response_logprobs
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.tracking import RunTracker
 from agentrl.trainers.warm_start import WarmStart
@@ -223,7 +226,7 @@ class LocalTrainer:
         """
         config = self.config
         run_dir = Path(config.run_dir)
-        checkpoint = resume_checkpoint(run_dir, config.resume)
+        checkpoint = resume_checkpoint(run_dir, config.resume, config.to_dict())
         if checkpoint is not None:
             self._restore(checkpoint)
             log.info("resumed from %s (step %d)", checkpoint, self.step)
@@ -486,7 +489,8 @@ class LocalTrainer:
             if algo.use_kl_in_reward:
                 rewards, kl = ppo.rewards_with_kl(rewards, mask, scored["old"], scored["ref"],
                                                   kl_coef=algo.kl_coef, kl_penalty=algo.kl_penalty)
-                metrics["actor/reward_kl"] = float((kl * mask).sum() / mask.sum().clamp(min=1))
+                chosen = choice_mask(batch)  # a forced token's KL is 0: not in the mean
+                metrics["actor/reward_kl"] = float(kl.sum() / chosen.sum().clamp(min=1))
         batch = {**batch, "row": torch.arange(n), "rewards": rewards}
         skipped = 0
         if critic_pass_values and all_finite(rewards):  # the critic's pass gives the values
@@ -589,6 +593,7 @@ class LocalTrainer:
         n = batch["responses"].shape[0]
         mini = self.config.actor.ppo_mini_batch_size or n
         micro = self.config.actor.micro_batch_size
+        loss_mask = self._loss_mask(batch, role)
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step)
         sums: dict[str, float] = defaultdict(float)
         counts: dict[str, int] = defaultdict(int)
@@ -599,7 +604,7 @@ class LocalTrainer:
                 order = torch.randperm(n, generator=generator)
                 for start in range(0, n, mini):
                     rows = self._micro_order(batch, order[start:start + mini])
-                    size = ppo.MiniBatchSize.of(batch["response_mask"][rows].float())
+                    size = ppo.MiniBatchSize.of(loss_mask[rows])
                     optim.zero_grad(set_to_none=True)
                     finite = True
                     terms: dict[str, float] = defaultdict(float)
@@ -636,11 +641,17 @@ class LocalTrainer:
                     bar.update(1)
         return {k: sums[k] / counts[k] for k in sums}, skipped
 
+    @staticmethod
+    def _loss_mask(batch: dict[str, torch.Tensor], role: str) -> torch.Tensor:
+        """The tokens ``role``'s loss averages over: the actor's leave out the tokens a constraint
+        forced (:func:`choice_mask`), the critic's are all model tokens."""
+        return choice_mask(batch) if role == "actor" else batch["response_mask"].float()
+
     def _actor_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize,
                      prefix: SharedPrefix | None = None):
         config = self.config.actor
         device = self.device
-        mask = micro["response_mask"].to(device).float()
+        mask = self._loss_mask(micro, "actor").to(device)
         with self._precision(), checkpointing(self.actor):
             logprobs, entropy, _ = response_logprobs(
                 self.actor, micro, temperature=self._temperature(), with_entropy=True,

@@ -40,7 +40,8 @@ from torch import nn
 from agentrl.models.parts import backbone_of, plain_head
 from agentrl.trainers.shared_prefix import SharedPrefix, shared_prefix_inputs
 
-__all__ = ["ValueModel", "backbone_of", "checkpointing", "masked_logits", "response_logprobs"]
+__all__ = ["ValueModel", "backbone_of", "checkpointing", "choice_mask", "masked_logits",
+           "response_logprobs"]
 
 
 def _model_inputs(batch: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -153,6 +154,19 @@ def masked_logits(logits: torch.Tensor, kind: torch.Tensor, ids: torch.Tensor) -
     listed = listed[..., :vocab]
     allowed = torch.where((kind == 1)[..., None], listed, ~listed) | (kind < 0)[..., None]
     return logits.masked_fill(~allowed, torch.finfo(logits.dtype).min)
+
+
+def choice_mask(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """``response_mask`` (float) without the model tokens the constraint forced (one allowed id):
+    their log-prob is 0 under every policy and their entropy 0, so they carry no choice. The
+    actor's means (policy loss, entropy, KL) run over this mask; the tokens stay in the context
+    and in the critic's and the advantages' masks."""
+    mask = batch["response_mask"].float()
+    if "constraint_kind" not in batch:
+        return mask
+    allowed = (batch["constraint_ids"] >= 0).sum(-1)
+    forced = (batch["constraint_kind"] == 1) & (allowed == 1)
+    return mask.masked_fill(forced.to(mask.device), 0.0)
 
 
 class ValueModel(nn.Module):
