@@ -83,6 +83,8 @@ VERL_CONFIG = "ppo_trainer"
 CHECKED_SECTIONS = ("algorithm", "actor_rollout_ref.rollout")
 """Sections built into verl's dataclasses on top of what ``validate_config`` builds."""
 PROJECT_ROOT = Path(agentrl.__file__).resolve().parents[1]
+CRITIC_INFER_TOKENS = "critic.ppo_infer_max_token_len_per_gpu"
+"""The key verl 0.9.1's critic reads for its no-grad forward's token budget."""
 
 
 # -- our config -> verl's overrides ----------------------------------------------------------------
@@ -215,8 +217,11 @@ def _actor(config: TrainConfig) -> dict[str, Any]:
 
 def _critic(config: TrainConfig) -> dict[str, Any]:
     """verl 0.9.1's critic (an engine ``TrainingWorker``) always batches by tokens: its
-    ``*micro_batch_size*`` keys are read by nobody, ``*max_token_len_per_gpu`` are what bound a
-    micro-batch. Sized here as the actor's micro-batches of whole-length trajectories."""
+    ``*micro_batch_size*`` keys are read by nobody; ``ppo_max_token_len_per_gpu`` bounds an
+    update's micro-batch and ``ppo_infer_max_token_len_per_gpu`` the no-grad value forward
+    (``ray_trainer``: ``engine_config.infer_max_token_len_per_gpu``; ``critic.yaml`` lacks the
+    key, hence ``++``; its ``forward_max_token_len_per_gpu`` is read by nobody). Sized here as
+    the actor's micro-batches of whole-length trajectories."""
     c, v = config.critic, config.verl
     tokens = v.max_prompt_length + v.max_response_length
     out = {
@@ -225,7 +230,7 @@ def _critic(config: TrainConfig) -> dict[str, Any]:
         "critic.cliprange_value": c.cliprange_value,
         "critic.use_dynamic_bsz": True,
         "critic.ppo_max_token_len_per_gpu": micro_batch_per_gpu(config) * tokens,
-        "critic.forward_max_token_len_per_gpu": v.log_prob_micro_batch_size_per_gpu * tokens,
+        f"++{CRITIC_INFER_TOKENS}": v.log_prob_micro_batch_size_per_gpu * tokens,
     }
     if c.ppo_epochs is not None:  # else verl's default: the actor's
         out["critic.ppo_epochs"] = c.ppo_epochs

@@ -16,7 +16,8 @@ rollout. :func:`check_dispatch` repeats them, each with the line of verl it mirr
   (``engine_workers.train_mini_batch``), a rank's share of the batch in whole mini-batches
   (``tensordict_utils.make_iterator``) and a rank's mini-batch in whole micro-batches;
 - the critic, which batches by tokens: ``critic.ppo_max_token_len_per_gpu`` and
-  ``forward_max_token_len_per_gpu`` at least one whole trajectory
+  ``ppo_infer_max_token_len_per_gpu`` (the no-grad forward's; ``forward_max_token_len_per_gpu``
+  is read by nobody in 0.9.1) at least one whole trajectory
   (``seqlen_balancing.rearrange_micro_batches``); vLLM replicas of ``tensor_model_parallel_size``
   GPUs tile a node.
 
@@ -266,7 +267,7 @@ def check_dispatch(verl_config: Any) -> None:
              f"a rank's mini-batch of {mini_share} does not split into micro-batches of {micro}",
              f"actor.micro_batch_size a divisor of {mini_share}")
     if _uses_critic(verl_config):
-        for key in ("critic.ppo_max_token_len_per_gpu", "critic.forward_max_token_len_per_gpu"):
+        for key in ("critic.ppo_max_token_len_per_gpu", "critic.ppo_infer_max_token_len_per_gpu"):
             need(get(key) >= tokens, key,
                  f"{get(key)} tokens cannot hold one trajectory of up to {tokens}",
                  "at least verl.max_prompt_length + verl.max_response_length")

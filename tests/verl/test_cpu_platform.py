@@ -142,8 +142,14 @@ def test_worker_env_reaches_an_already_started_ray_cluster(monkeypatch, tmp_path
 
 
 def test_the_critic_is_sized_by_tokens_and_dead_keys_are_gone():
-    """verl 0.9.1's critic batches by ``ppo_max_token_len_per_gpu``; its micro-batch keys and
-    ``*.grad_clip`` are read by nobody (``optim.clip_grad`` is)."""
+    """verl 0.9.1's critic batches by ``ppo_max_token_len_per_gpu``, its no-grad forward by
+    ``ppo_infer_max_token_len_per_gpu`` (as ``ray_trainer`` hands it to the engine); its
+    micro-batch keys, ``forward_max_token_len_per_gpu`` and ``*.grad_clip`` are read by nobody
+    (``optim.clip_grad`` is)."""
+    import dataclasses
+
+    from verl.workers.config import CriticConfig
+
     config = compose_config(["hardware=a100", "model=qwen_3b", "critic.grad_clip=0.5"])
     overrides = launch.verl_overrides(config, launch.task_paths(config))
     keys = {item.split("=", 1)[0] for item in overrides}
@@ -154,8 +160,10 @@ def test_the_critic_is_sized_by_tokens_and_dead_keys_are_gone():
     assert OmegaConf.select(cfg, "critic.use_dynamic_bsz") is True
     assert OmegaConf.select(cfg, "critic.ppo_max_token_len_per_gpu") == \
         launch.micro_batch_per_gpu(config) * tokens
-    assert OmegaConf.select(cfg, "critic.forward_max_token_len_per_gpu") == \
+    assert "ppo_infer_max_token_len_per_gpu" in {f.name for f in dataclasses.fields(CriticConfig)}
+    assert OmegaConf.select(cfg, "critic.ppo_infer_max_token_len_per_gpu") == \
         config.verl.log_prob_micro_batch_size_per_gpu * tokens
+    assert "critic.forward_max_token_len_per_gpu" not in keys
     assert OmegaConf.select(cfg, "critic.optim.clip_grad") == 0.5
 
 
