@@ -510,6 +510,9 @@ class TrainConfig(Section):
     resume: str = setting("auto", lambda v: v in ("auto", "never") or Path(v).is_dir(),
                           "'auto', 'never' or an existing checkpoint folder")
     """auto: continue from the newest checkpoint in run_dir if any; never; or a checkpoint."""
+    resume_config_changes: Literal["refuse", "allow"] = "refuse"
+    """A resume whose config differs from the checkpoint's in a key that changes training:
+    refuse (name the keys and stop) or allow (log them and go on)."""
     seed: int = setting(0, at_least(0), "an integer >= 0")
     """Seeds sampling, shuffling and the choice of training games."""
     agents_file: Path | None = None

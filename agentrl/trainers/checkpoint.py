@@ -4,7 +4,7 @@
     save_checkpoint(run_dir, 12, models={"actor": (model, tokenizer)},
                     tensors={"critic": value_head.state_dict(), "trainer_state": state},
                     config=cfg, keep_last=3)
-    path = resume_checkpoint(run_dir, "auto")       # newest complete one, or None
+    path = resume_checkpoint(run_dir, "auto", cfg)  # newest intact one (or None), cfg checked
     loaded = load_checkpoint(path)
     restore_weights(model, loaded.model_dirs["actor"])
     restore_rng_state(loaded.tensors["trainer_state"]["rng"])
@@ -17,7 +17,8 @@ Layout, one folder per step::
         critic.pt           torch.save() of each entry of ``tensors``
         trainer_state.pt
         config.yaml         the resolved config, secrets redacted (tracking.public_config)
-        COMPLETE            written last: {"step", "saved_at", "files": {relative path: bytes}}
+        COMPLETE            written last, the manifest: {"step", "saved_at",
+                            "files": {relative path: {"bytes": n, "sha256": hex}}}
 
 **Atomic.** Everything is written (and fsynced) into ``step_000012.tmp-<pid>``, the marker
 last, and the folder is then renamed to ``step_000012``. A crash at any point leaves either no
@@ -27,6 +28,16 @@ truncated is ignored too. Leftovers (temporary folders of processes that are gon
 without a valid marker) are deleted at the next save. Old checkpoints are renamed away before
 they are deleted, so a crash while pruning never leaves a folder that still looks complete.
 
+**Verified before use.** :func:`checkpoint_problem` re-reads every file against the manifest's
+sizes and SHA-256 checksums (about a second per GB; the result is kept for the process while
+no file changes). ``resume=auto`` takes the newest *intact* checkpoint: a damaged newer one is
+named in a warning and skipped. When checkpoints exist and none is intact the run stops with a
+``ValueError`` naming each and why: starting over would overwrite the run's history. Resuming
+also refuses (:func:`check_resume`) a ``train.total_steps`` below the checkpoint's step and, unless
+``resume_config_changes=allow``, a config that differs from the checkpoint's in a key that
+changes training (the keys of :data:`RESUME_FREE_KEYS` may change freely). Manifests of older
+checkpoints (sizes only) are checked by size.
+
 **Loading.** ``*.pt`` files load with ``torch.load(weights_only=True)``: tensors, containers and
 plain numbers only, no pickled code (RNG states are stored in that form). Model folders are HF
 folders: pass them to ``from_pretrained`` / ``load_model`` or restore into a built model with
@@ -35,8 +46,11 @@ folders: pass them to ``from_pretrained`` / ``load_model`` or restore into a bui
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import os
+import pickle
 import random
 import re
 import shutil
@@ -53,15 +67,29 @@ import yaml
 from agentrl.trainers.tracking import fsync_dir, public_config
 
 __all__ = [
-    "CHECKPOINTS_DIR", "MARKER", "RESUME_MODES", "LoadedCheckpoint", "capture_rng_state",
+    "CHECKPOINTS_DIR", "MARKER", "RESUME_CONFIG_CHANGES", "RESUME_FREE_KEYS", "RESUME_MODES",
+    "LoadedCheckpoint", "capture_rng_state", "check_resume", "checkpoint_problem",
     "checkpoint_step", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-    "restore_rng_state", "restore_weights", "resume_checkpoint", "save_checkpoint",
+    "model_folder", "newest_intact_checkpoint", "restore_rng_state", "restore_weights",
+    "resume_checkpoint", "save_checkpoint",
 ]
+
+log = logging.getLogger(__name__)
 
 CHECKPOINTS_DIR = "checkpoints"
 MARKER = "COMPLETE"
 CONFIG_FILE = "config.yaml"
 RESUME_MODES = ("auto", "never")
+RESUME_CONFIG_CHANGES = ("refuse", "allow")
+RESUME_FREE_KEYS = ("project", "experiment", "run_dir", "resume", "resume_config_changes",
+                    "device", "threads", "agents_file", "train.total_steps", "val.", "trainer.",
+                    "hardware.", "rollout.max_batch", "rollout.max_wait_ms",
+                    "rollout.prefix_cache_tokens", "sft.output_dir")
+"""Config keys (or ``section.`` prefixes) a resumed run may change without
+``resume_config_changes=allow``: where it writes, how long it runs, how it validates and logs,
+and batching settings that change speed, not results."""
+MODEL_FILES = ("config.json", "adapter_config.json")
+HASH_CHUNK = 1 << 22
 
 STEP_DIR = re.compile(r"step_(\d+)")
 LEFTOVER_DIR = re.compile(r"step_\d+\.(tmp|old|trash)-(\d+)")
@@ -147,7 +175,8 @@ def _write_contents(folder: Path, models: Mapping[str, Any], tensors: Mapping[st
 
 def _write_marker(folder: Path, step: int) -> None:
     """The marker goes last: its presence, with matching file sizes, means "complete"."""
-    files = {p.relative_to(folder).as_posix(): p.stat().st_size for p in _files(folder)}
+    files = {p.relative_to(folder).as_posix(): {"bytes": p.stat().st_size, "sha256": _sha256(p)}
+             for p in _files(folder)}
     record = {"step": step, "saved_at": datetime.now().isoformat(timespec="seconds"),
               "files": files}
     with open(folder / MARKER, "w") as file:
@@ -210,6 +239,14 @@ def _fsync_file(path: Path) -> None:
         os.fsync(file.fileno())
 
 
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as file:
+        while chunk := file.read(HASH_CHUNK):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
 # --- finding -------------------------------------------------------------------------------
 
 def checkpoint_step(folder: str | Path) -> int | None:
@@ -226,11 +263,58 @@ def checkpoint_step(folder: str | Path) -> int | None:
         return None
     if not isinstance(files, dict):
         return None
-    for relative, size in files.items():
+    for relative, entry in files.items():
         path = folder / relative
-        if not path.is_file() or path.stat().st_size != size:
+        if not path.is_file() or path.stat().st_size != _listed_size(entry):
             return None
     return step
+
+
+def _listed_size(entry: Any) -> int | None:
+    """A manifest entry's size: ``{"bytes": n, "sha256": ...}``, or ``n`` (older manifests)."""
+    return entry.get("bytes") if isinstance(entry, dict) else entry
+
+
+_VERIFIED: dict[tuple, str | None] = {}
+"""checkpoint_problem's answers, by folder and the size and mtime of each file in it."""
+
+
+def checkpoint_problem(folder: str | Path) -> str | None:
+    """What is wrong with a checkpoint folder, in words (``None``: intact): no or a bad
+    manifest, a listed file missing, of another size, or with another SHA-256 checksum."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        return "no such folder"
+    try:
+        record = json.loads((folder / MARKER).read_text())
+    except OSError:
+        return f"no {MARKER} manifest (saved half-way, or not a checkpoint)"
+    except ValueError:
+        return f"its {MARKER} manifest is not valid JSON"
+    key = (folder.resolve(), *((p.relative_to(folder).as_posix(), p.stat().st_size,
+                                p.stat().st_mtime_ns)
+                               for p in sorted(folder.rglob("*")) if p.is_file()))
+    if key not in _VERIFIED:
+        _VERIFIED[key] = _manifest_problem(folder, record)
+    return _VERIFIED[key]
+
+
+def _manifest_problem(folder: Path, record: Any) -> str | None:
+    files = record.get("files") if isinstance(record, dict) else None
+    if not isinstance(files, dict) or not isinstance(record.get("step"), int):
+        return f"its {MARKER} manifest lacks 'step' or 'files'"
+    name = STEP_DIR.fullmatch(folder.name)
+    if name and int(name.group(1)) != record["step"]:
+        return f"its manifest names step {record['step']}"
+    for relative, entry in files.items():
+        path = folder / relative
+        if not path.is_file():
+            return f"{relative} is missing"
+        if path.stat().st_size != _listed_size(entry):
+            return f"{relative} has {path.stat().st_size} bytes, the manifest {_listed_size(entry)}"
+        if isinstance(entry, dict) and entry.get("sha256") not in (None, _sha256(path)):
+            return f"{relative} does not match its checksum (changed or corrupted)"
+    return None
 
 
 def list_checkpoints(run_dir: str | Path) -> list[Path]:
@@ -249,19 +333,128 @@ def latest_checkpoint(run_dir: str | Path) -> Path | None:
     return checkpoints[-1] if checkpoints else None
 
 
-def resume_checkpoint(run_dir: str | Path, resume: str | Path | None) -> Path | None:
-    """What the ``resume`` setting points at: ``"auto"`` -> the newest complete checkpoint of
-    ``run_dir`` (``None`` when there is none), ``"never"``/``None`` -> ``None``, anything else ->
-    that checkpoint folder, which must be complete."""
+def newest_intact_checkpoint(checkpoints: str | Path) -> Path | None:
+    """The newest intact ``step_*`` folder of a ``checkpoints/`` folder, damaged newer ones
+    named in a warning; ``None`` when it holds none; ``ValueError`` when every one is damaged."""
+    root = Path(checkpoints)
+    folders = sorted((p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)),
+                     key=lambda p: int(p.name.split("_")[1]), reverse=True) if root.is_dir() else []
+    damaged = []
+    for folder in folders:
+        problem = checkpoint_problem(folder)
+        if problem is None:
+            return folder
+        log.warning("checkpoint %s is damaged (%s): skipped, trying an older one", folder, problem)
+        damaged.append(f"{folder.name} ({problem})")
+    if damaged:
+        raise ValueError(f"no intact checkpoint in {root}: {'; '.join(damaged)}. Nothing was "
+                         "started (a new run there would overwrite its history); allowed: "
+                         "resume=<an intact checkpoint folder>, or another run_dir")
+    return None
+
+
+def resume_checkpoint(run_dir: str | Path, resume: str | Path | None,
+                      config: Mapping[str, Any] | None = None) -> Path | None:
+    """What the ``resume`` setting points at, verified: ``"auto"`` -> the newest intact
+    checkpoint of ``run_dir`` (:func:`newest_intact_checkpoint`), ``"never"``/``None`` ->
+    ``None``, anything else -> that checkpoint folder, which must be intact. With the run's
+    ``config`` (a plain mapping), :func:`check_resume` checks it against the checkpoint's."""
     if resume is None or resume == "never":
         return None
     if resume == "auto":
-        return latest_checkpoint(run_dir)
-    path = Path(resume)
-    if checkpoint_step(path) is None:
-        raise ValueError(f"resume={str(resume)!r}: not a complete checkpoint folder (allowed: "
-                         f"{', '.join(RESUME_MODES)}, or the path of a checkpoint folder)")
+        path = newest_intact_checkpoint(Path(run_dir) / CHECKPOINTS_DIR)
+    else:
+        path = Path(resume)
+        if (problem := checkpoint_problem(path)) is not None:
+            raise ValueError(f"resume={str(resume)!r}: not an intact checkpoint folder "
+                             f"({problem}); allowed: {', '.join(RESUME_MODES)}, or the path of "
+                             "an intact checkpoint folder")
+    if path is not None and config is not None:
+        check_resume(path, config)
     return path
+
+
+def check_resume(path: Path, config: Mapping[str, Any]) -> None:
+    """Refuse to resume ``path`` with ``config`` (a plain mapping) when its
+    ``train.total_steps`` is below the checkpoint's step, or when a key outside
+    :data:`RESUME_FREE_KEYS` changed and ``resume_config_changes`` is not ``allow`` (then the
+    changes are only logged)."""
+    step = checkpoint_step(path)
+    total = config.get("train", {}).get("total_steps")
+    if isinstance(total, int) and step is not None and total < step:
+        raise ValueError(f"train.total_steps={total} is below step {step} of the checkpoint "
+                         f"{path}; allowed: train.total_steps >= {step}, or resume=never with "
+                         "another run_dir")
+    saved_path = path / CONFIG_FILE
+    saved = yaml.safe_load(saved_path.read_text()) if saved_path.is_file() else None
+    if not isinstance(saved, dict):
+        return
+    changes = config_changes(saved, public_config(dict(config)))
+    if not changes:
+        return
+    listed = ", ".join(changes[:8]) + (f" and {len(changes) - 8} more" if len(changes) > 8 else "")
+    if config.get("resume_config_changes") == "allow":
+        log.warning("resuming %s with a changed config (resume_config_changes=allow): %s",
+                    path, listed)
+        return
+    raise ValueError(f"resume from {path} with a changed config: {listed}; allowed: the "
+                     "checkpoint's values, resume_config_changes=allow to go on with the new "
+                     "ones, or resume=never with another run_dir")
+
+
+def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
+    """``"key: old -> new"`` for each key set in both configs that changed and is not free to
+    (keys only one side has, from another version, are left out)."""
+    old, new = _flat(saved), _flat(current)
+    return [f"{key}: {old[key]!r} -> {new[key]!r}" for key in old
+            if key in new and old[key] != new[key]
+            and not any(key == free or (free.endswith(".") and key.startswith(free))
+                        for free in RESUME_FREE_KEYS)]
+
+
+def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
+    flat: dict[str, Any] = {}
+    for key, value in config.items():
+        if isinstance(value, Mapping):
+            flat.update(_flat(value, f"{prefix}{key}."))
+        else:
+            flat[f"{prefix}{key}"] = value
+    return flat
+
+
+def model_folder(path: str | Path) -> Path:
+    """The model folder ``path`` stands for, verified: a model folder (``config.json``, or a
+    peft adapter) or ``.gguf`` file itself; a checkpoint folder's ``actor/``; a run folder's
+    newest intact checkpoint's ``actor/`` (its own ``checkpoints/``, else ``agentrl sft``'s
+    ``sft/checkpoints/``). ``ValueError`` saying what ``path`` is and what is allowed."""
+    path = Path(path).expanduser()
+    allowed = ("allowed: a model folder (config.json), a checkpoint folder (checkpoints/step_N) "
+               "or a run folder with checkpoints/")
+    if not path.exists():
+        raise ValueError(f"{path}: no such file or folder; {allowed}")
+    if path.is_file():
+        if path.suffix == ".gguf":
+            return path
+        raise ValueError(f"{path} is a file, not a .gguf model; {allowed}")
+    if any((path / name).is_file() for name in MODEL_FILES):
+        return path
+    checkpoint = path
+    if (path / MARKER).exists():
+        if (problem := checkpoint_problem(path)) is not None:
+            raise ValueError(f"checkpoint {path} is damaged ({problem}); allowed: an intact "
+                             "checkpoint, or its run folder (the newest intact one is taken)")
+    else:
+        runs = [path / CHECKPOINTS_DIR, path / "sft" / CHECKPOINTS_DIR]
+        root = next((r for r in runs if r.is_dir() and any(r.iterdir())), None)
+        if root is None:
+            raise ValueError(f"{path} holds no model, checkpoint or checkpoints/; {allowed}")
+        checkpoint = newest_intact_checkpoint(root)
+        if checkpoint is None:
+            raise ValueError(f"{root} holds no checkpoint; {allowed}")
+    actor = checkpoint / "actor"
+    if not any((actor / name).is_file() for name in MODEL_FILES):
+        raise ValueError(f"checkpoint {checkpoint} has no model in actor/; {allowed}")
+    return actor
 
 
 # --- loading -------------------------------------------------------------------------------
@@ -274,12 +467,22 @@ def load_checkpoint(path: str | Path, *, map_location: str | torch.device = "cpu
     step = checkpoint_step(path)
     if step is None:
         raise ValueError(f"{path} is not a complete checkpoint (no valid {MARKER} marker)")
-    tensors = {p.stem: torch.load(p, map_location=map_location, weights_only=weights_only)
+    tensors = {p.stem: _load_tensors(p, map_location, weights_only)
                for p in sorted(path.glob("*.pt"))}
     config_path = path / CONFIG_FILE
     config = (yaml.safe_load(config_path.read_text()) if config_path.exists() else None) or {}
     model_dirs = {p.name: p for p in sorted(path.iterdir()) if p.is_dir()}
     return LoadedCheckpoint(path, step, tensors, config, model_dirs)
+
+
+def _load_tensors(path: Path, map_location: Any, weights_only: bool) -> Any:
+    try:
+        return torch.load(path, map_location=map_location, weights_only=weights_only)
+    except (RuntimeError, OSError, EOFError, ValueError, pickle.UnpicklingError) as error:
+        first = str(error).strip().splitlines()[0] if str(error).strip() else ""
+        raise ValueError(f"{path} cannot be read ({type(error).__name__}: {first}): the "
+                         f"checkpoint {path.parent} is damaged; allowed: resume from an older "
+                         "one (resume=<its folder>)") from None
 
 
 def restore_weights(model: Any, folder: str | Path) -> None:
