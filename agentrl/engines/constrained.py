@@ -13,8 +13,14 @@ text continues): no tokenization of the actions is assumed, so BPE merges across
 across an action's end are all found. The end-of-turn tokens are allowed once the reply is
 complete, and only then.
 
-- **Free thinking** is one cached mask: every token but the stop tokens, special tokens and the
-  few whose text has a ``<`` that does not continue ``</think>``.
+- **Free thinking** is one cached mask: every token but the stop tokens, special tokens, the
+  few whose text has a ``<`` that does not continue ``</think>``, and the ids past the
+  tokenizer's where the model's logits are wider (Qwen2.5: 151,936 logits, 151,665 tokens):
+  those have no text, so they are never sampled, and :meth:`RowConstraint.advance` reads them
+  as no text rather than failing.
+- **End of the reply**: ``stop_ids`` are the tokens that end it once it is complete; the engine
+  passes only the chat template's end-of-turn token there (not every end-of-sequence id), so a
+  constrained reply always closes the turn the next observation follows.
 - **Token budget**: the engine passes the tokens a row has left. A choice is allowed only if
   the shortest rest of a reply still fits after it (measured as the tokenizer's own encoding of
   that rest, plus the end-of-turn token): the thinking closes in time and the separator is
@@ -117,6 +123,10 @@ class TokenTexts:
                 _BY_TOKENIZER[tokenizer] = cached
             return cached
 
+    def text(self, token: int) -> str:
+        """``token``'s text; '' for an id past the tokenizer's (a wider logits row)."""
+        return self.texts[token] if 0 <= token < len(self.texts) else ""
+
     def encoded_length(self, text: str) -> int:
         """Tokens the tokenizer writes ``text`` in: a path the constraint allows."""
         length = self._lengths.get(text)
@@ -172,18 +182,22 @@ def _special_ids(tokenizer: Any) -> frozenset[int]:
 
 
 class RowConstraint:
-    """One request's grammar as its reply is decoded, token by token."""
+    """One request's grammar as its reply is decoded, token by token. ``stop_ids``: the tokens
+    that end a complete reply; ``width``: the model's logits per row (the ids from
+    ``len(texts.texts)`` to it have no text and are never allowed; default: none)."""
 
-    def __init__(self, grammar: Any, texts: TokenTexts, stop_ids: Iterable[int]):
+    def __init__(self, grammar: Any, texts: TokenTexts, stop_ids: Iterable[int],
+                 width: int | None = None):
         self.grammar = grammar
         self.texts = texts
         self.stop_ids = tuple(sorted(set(int(t) for t in stop_ids)))
+        self.width = max(len(texts.texts), width or 0)
         self.states = grammar.start()
 
     def mask(self, tokens_left: int) -> TokenMask:
         """The tokens allowed now, with ``tokens_left`` tokens (this one included) to go."""
         grammar, texts, states = self.grammar, self.texts, self.states
-        key = (grammar, states, self.stop_ids)
+        key = (grammar, states, self.stop_ids, self.width)
         if grammar.is_free(states):
             if tokens_left - 1 >= self._free_reserve():
                 return texts.cached(key, self._free_mask)
@@ -198,7 +212,7 @@ class RowConstraint:
         """Move past ``token`` (a stop token ends the reply)."""
         if token in self.stop_ids:
             return
-        self.states = self.grammar.run(self.states, self.texts.texts[token])
+        self.states = self.grammar.run(self.states, self.texts.text(token))
 
     # -- building masks --------------------------------------------------------------------------
     def _free_reserve(self) -> int:
@@ -213,6 +227,7 @@ class RowConstraint:
         banned.update(t for t in texts.angle_tokens
                       if not grammar.run(self.states, texts.texts[t]))
         banned.update(t for t in texts.unusable if not texts.texts[t])
+        banned.update(range(len(texts.texts), self.width))  # logits past the tokenizer
         return TokenMask(tuple(sorted(banned)), allow=False)
 
     def _options(self, states) -> list[tuple[int, frozenset | None, int]]:

@@ -219,6 +219,7 @@ class BatchingLLM:
 
             eos_token_ids = end_of_turn_ids(tokenizer, getattr(model, "generation_config", None))
         self.eos_token_ids = tuple(int(t) for t in eos_token_ids)
+        self.turn_end_id = _turn_end(tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.compute_dtype = compute_dtype
         self.generator = torch.Generator(device=self.device)
@@ -456,8 +457,16 @@ class BatchingLLM:
         if any(s.answer_grammar is not None and not stop for s, stop in zip(samplings, stops)):
             raise ValueError("a constrained request needs a stop token (stop_token_ids or the "
                              "engine's eos_token_ids) to end its reply on")
-        return [None if s.answer_grammar is None else RowConstraint(s.answer_grammar, texts, stop)
+        width = getattr(self.model.config, "vocab_size", None)
+        return [None if s.answer_grammar is None else
+                RowConstraint(s.answer_grammar, texts, self._reply_ends(stop), width)
                 for s, stop in zip(samplings, stops)]
+
+    def _reply_ends(self, stops: set[int]) -> set[int]:
+        """The tokens that end a constrained reply: the chat template's end-of-turn alone
+        where it is a stop token (another end-of-sequence id, e.g. Qwen2.5's
+        ``<|endoftext|>``, would leave the chat without its end-of-turn), else every stop."""
+        return {self.turn_end_id} if self.turn_end_id in stops else stops
 
     def _prefill_inputs(self, prompts: list[tuple[int, ...]]):
         """The cache (stored prefixes, left-padded) and the prefill's ids, attention mask over
@@ -647,6 +656,16 @@ def _left_padded(parts: list[torch.Tensor | None], width: int) -> torch.Tensor:
 
 def _model_device(model: Any) -> torch.device:
     return next(model.parameters()).device
+
+
+def _turn_end(tokenizer: Any) -> int | None:
+    """The token the chat template ends an assistant turn with (else eos; None: neither)."""
+    from agentrl.models.templates import end_of_turn_ids
+
+    try:
+        return end_of_turn_ids(tokenizer)[0]
+    except ValueError:
+        return None
 
 
 def _pad_id(tokenizer: Any) -> int:

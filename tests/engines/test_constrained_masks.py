@@ -3,6 +3,7 @@ token budget, and free rows of the same batch left alone."""
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 
 import pytest
@@ -10,7 +11,7 @@ import torch
 
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.engines.constrained import TokenTexts
+from agentrl.engines.constrained import RowConstraint, TokenTexts
 
 GRAMMARS = [
     AnswerGrammar(actions=("Up", "Down", "Left", "Right"), max_actions=5),
@@ -76,3 +77,45 @@ def test_a_free_row_decodes_as_it_would_alone(llm, tiny):
     assert mixed[1][0] == alone[0] and mixed[1].token_masks is None
     assert mixed[1][1] == pytest.approx(alone[1], abs=1e-5)
     assert mixed[0].token_masks is not None
+
+
+def test_only_the_templates_end_of_turn_ends_a_constrained_reply(tiny):
+    """With two end-of-sequence ids (Qwen2.5: ``<|im_end|>`` and ``<|endoftext|>``), a
+    constrained reply ends only on the template's end-of-turn: the other would leave the chat
+    without its end-of-turn before the next observation (issue 22, defect 8)."""
+    model, tokenizer = tiny
+    turn_end, other = tokenizer.convert_tokens_to_ids(["<|im_end|>", "<|endoftext|>"])
+    engine = BatchingLLM(model, tokenizer, eos_token_ids=(other, turn_end), seed=0)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, answer_grammar=GRAMMARS[0])
+    for result in engine.generate_batch(prompts(tokenizer, 4), sampling):
+        assert result[0][-1] == turn_end
+        assert all(other not in mask.ids for mask in result.token_masks if mask.allow)
+        assert result.token_masks[-1].ids == (turn_end,)
+    engine.close()
+
+
+def test_ids_past_the_tokenizer_are_never_sampled(tiny):
+    """A model whose logits are wider than its tokenizer (Qwen2.5: 151,936 vs 151,665), with
+    those extra ids the most likely: free thinking under constraints never samples them, and
+    the automaton survives one (issue 22, defect 9)."""
+    model, tokenizer = tiny
+    wide = copy.deepcopy(model)
+    vocab, hidden = model.lm_head.weight.shape
+    head = torch.nn.Linear(hidden, vocab + 64, bias=True)
+    with torch.no_grad():
+        head.weight[:vocab] = model.lm_head.weight
+        head.weight[vocab:] = 0
+        head.bias.zero_()
+        head.bias[vocab:] = 50.0
+    wide.lm_head = head
+    wide.config.vocab_size = vocab + 64
+    engine = BatchingLLM(wide, tokenizer, seed=0)
+    sampling = SamplingParams(temperature=1.0, max_new_tokens=24, answer_grammar=GRAMMARS[1])
+    for result in engine.generate_batch(prompts(tokenizer, 2), sampling):
+        assert max(result[0]) < len(tokenizer)
+    engine.close()
+    row = RowConstraint(GRAMMARS[1], TokenTexts.of(tokenizer), stop_ids={2})
+    row.advance(tokenizer.encode("<think>")[0])
+    before = row.states
+    row.advance(vocab + 5)  # no text: the reply's text, and so its state, is unchanged
+    assert row.states == before
