@@ -429,7 +429,8 @@ class SftConfig(Section):
     presets: tuple[str, ...] = ()
     """Agent presets the oracle plays (empty = train.presets); episode i plays presets[i % n]."""
     episodes: int = setting(64, at_least(1), "an integer >= 1")
-    """Demonstration episodes, each on its own training seed."""
+    """Demonstration episodes, each on its own training seed (a function of ``seed`` and the
+    episode's index: another run seed plays other games)."""
     epochs: int = setting(3, at_least(1), "an integer >= 1")
     """Passes over the demonstrations."""
     lr: float = setting(1e-4, positive, "a number > 0")
@@ -439,9 +440,12 @@ class SftConfig(Section):
     grad_clip: float = setting(1.0, positive, "a number > 0")
     """Gradient-norm clip of each update."""
     mini_batch_size: int = setting(8, at_least(1), "an integer >= 1")
-    """Episodes per optimizer update (the loss is the token mean over all of them)."""
+    """Demonstrations (episodes) per optimizer update, each with all its context-window rows;
+    the loss is the token mean over all of them, and an epoch trains every row once."""
     micro_batch_size: int = setting(2, at_least(1), "an integer >= 1")
-    """Episodes per forward/backward pass; gradients add up over a mini-batch exactly."""
+    """Rows per forward/backward pass (locally one row per context window, so an episode whose
+    older turns left the context is several; verl: whole episodes per GPU); gradients add up
+    over a mini-batch exactly."""
     random_action_share: float = setting(0.0, unit_interval, "a number in [0, 1]")
     """Share of turns answered with random legal actions (not learned) so the oracle's
     replanning shows recoveries; local backend only."""

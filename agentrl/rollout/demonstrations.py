@@ -37,15 +37,20 @@ __all__ = ["DEMO_SEED_OFFSET", "ScriptedReplies", "choose_reply", "demonstration
            "demonstration_seeds", "play_demonstrations"]
 
 DEMO_SEED_OFFSET = 500_000
-"""Demonstrations play training seeds from here on: the upper half of the training range, away
-from the seeds PPO's first steps play (``train_seeds`` starts at ``seed * 100_003``)."""
+"""Demonstrations play training seeds from here on past the run's first PPO game: half the
+training range away from the seeds PPO's steps play (:func:`agentrl.envs.splits.train_seeds`)."""
 
 
-def demonstration_seeds(count: int) -> list[int]:
-    """The training seeds of ``count`` demonstrations (the same for both backends)."""
-    from agentrl.envs.splits import split_seeds
+def demonstration_seeds(count: int, seed: int) -> list[int]:
+    """The training seeds of ``count`` demonstrations of the run with seed ``seed`` (the same
+    for both backends): consecutive seeds from ``DEMO_SEED_OFFSET`` past the run's first PPO
+    game, wrapping around inside the training range. Demonstration ``i``'s seed depends only on
+    ``(seed, i)``: another run seed plays other games, a resumed run the same ones."""
+    from agentrl.envs.splits import SEED_RANGES, train_seeds
 
-    return split_seeds("train", count, DEMO_SEED_OFFSET)
+    train = SEED_RANGES["train"]
+    start = train_seeds(1, 1, seed)[0] - train.start + DEMO_SEED_OFFSET
+    return [train[(start + i) % len(train)] for i in range(count)]
 
 
 def choose_reply(agent: Agent, rng: random.Random, random_action_share: float) -> tuple[str, bool]:

@@ -1,9 +1,13 @@
 """The supervised loss on demonstrations, shared by ``agentrl sft`` and the warm start in a run.
 
     batch = to_batch(oracle_demonstrations(config, tokenizer, loop), pad_token_id)
-    rows = update_rows(n, config.sft.mini_batch_size, config.seed, update)
+    rows = update_rows(batch["episode_index"], config.sft.mini_batch_size, config.seed, update)
     loss, grad_norm = sft_update(model, params, optim, batch, rows, config)
 
+Units: a mini-batch is ``sft.mini_batch_size`` demonstrations (episodes) with all their rows;
+a batch has one row per context window of an episode (:func:`agentrl.rollout.to_batch`), so
+an episode whose older turns left the context is several rows, and an epoch trains every row
+once. A micro-batch is ``sft.micro_batch_size`` rows: memory goes with rows, not episodes.
 The loss of a mini-batch is the mean negative log-likelihood over every reply token in it
 (:func:`loss_mask`: ``response_mask``, 1 on the model's own tokens); micro-batches add their
 parts of it exactly (:func:`accumulate_gradients`). Neither trainer is imported here:
@@ -24,18 +28,29 @@ from agentrl.trainers.policy import response_logprobs
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 
 __all__ = ["accumulate_gradients", "loss_mask", "masked_logprobs", "oracle_demonstrations",
-           "sft_update", "update_rows"]
+           "sft_update", "update_rows", "updates_per_epoch"]
 
 log = logging.getLogger("agentrl.sft")
 
 
-def update_rows(n: int, mini_batch_size: int, seed: int, update: int) -> torch.Tensor:
-    """The demonstrations (row indices) of SFT update ``update`` (from 0) over ``n`` of them:
-    consecutive mini-batches of one seeded shuffle per epoch (the last one may be short)."""
-    per_epoch = math.ceil(n / mini_batch_size)
-    epoch, index = divmod(update, per_epoch)
-    order = torch.randperm(n, generator=torch.Generator().manual_seed(seed + epoch))
-    return order[index * mini_batch_size:(index + 1) * mini_batch_size]
+def updates_per_epoch(episodes: int, mini_batch_size: int) -> int:
+    """Updates in one pass over ``episodes`` demonstrations (the last mini-batch may be short)."""
+    return math.ceil(episodes / mini_batch_size)
+
+
+def update_rows(episode_index: torch.Tensor, mini_batch_size: int, seed: int, update: int
+                ) -> torch.Tensor:
+    """The batch rows of SFT update ``update`` (from 0): every context window of the update's
+    ``mini_batch_size`` demonstrations. ``episode_index`` ``(B,)`` is each row's episode
+    (:func:`agentrl.rollout.to_batch`). An epoch cuts one shuffle of the episodes, seeded by
+    ``seed + epoch``, into consecutive mini-batches, so it trains every row once, and a
+    resumed run takes the same mini-batches."""
+    episodes = episode_index.unique()
+    epoch, index = divmod(update, updates_per_epoch(len(episodes), mini_batch_size))
+    order = episodes[torch.randperm(len(episodes),
+                                    generator=torch.Generator().manual_seed(seed + epoch))]
+    chosen = order[index * mini_batch_size:(index + 1) * mini_batch_size]
+    return torch.isin(episode_index, chosen).nonzero().flatten()
 
 
 def oracle_demonstrations(config: Any, tokenizer: Any, loop: Any,
@@ -45,7 +60,8 @@ def oracle_demonstrations(config: Any, tokenizer: Any, loop: Any,
     sft = config.sft
     kept = loop.run_until_complete(play_demonstrations(
         config.playing_presets(config.sft_presets, config.rollout.max_new_tokens), tokenizer,
-        demonstration_seeds(sft.episodes), max_context_tokens=config.rollout.max_context_tokens,
+        demonstration_seeds(sft.episodes, config.seed),
+        max_context_tokens=config.rollout.max_context_tokens,
         max_new_tokens=config.rollout.max_new_tokens,
         random_action_share=sft.random_action_share, seed=config.seed,
         on_episode_done=on_episode_done))

@@ -16,15 +16,18 @@ Stages of :meth:`SFTTrainer.fit`:
    held-out seeds, through :func:`agentrl.evaluation.evaluate` (the numbers PPO's validation
    and ``agentrl eval`` report).
 2. ``demonstrations``: ``sft.episodes`` oracle episodes of ``sft.presets`` (default
-   ``train.presets``) on training seeds from ``DEMO_SEED_OFFSET`` on, played through the RL
+   ``train.presets``) on training seeds that depend on ``seed``
+   (:func:`agentrl.rollout.demonstrations.demonstration_seeds`), played through the RL
    rollout (:mod:`agentrl.rollout.demonstrations`), so ids, chat template and masks are those
    PPO samples; ``sft.random_action_share`` mixes in random turns that show recoveries.
 3. ``train``: ``sft.epochs`` passes over shuffled mini-batches of ``sft.mini_batch_size``
-   episodes. The loss of a mini-batch is the mean negative log-likelihood over every reply
-   token in it (:func:`loss_mask`: ``response_mask``, 1 on the model's own tokens, the closing
-   end-of-turn token included); each micro-batch of ``sft.micro_batch_size`` episodes adds its
-   token sum divided by the mini-batch's token count, so accumulation is exact (the gradient
-   does not depend on the micro-batch size). AdamW at a constant ``sft.lr``, grad-norm clip,
+   episodes, each with all its context-window rows, so a pass trains every reply once
+   (:func:`agentrl.trainers.imitation.update_rows`). The loss of a mini-batch is the mean
+   negative log-likelihood over every reply token in it (:func:`loss_mask`:
+   ``response_mask``, 1 on the model's own tokens, the closing end-of-turn token included);
+   each micro-batch of ``sft.micro_batch_size`` rows adds its token sum divided by the
+   mini-batch's token count, so accumulation is exact (the gradient does not depend on the
+   micro-batch size). AdamW at a constant ``sft.lr``, grad-norm clip,
    a tqdm bar with the loss. Full fine-tuning, or LoRA adapters (the ``lora`` section, as PPO).
 4. ``evaluate`` again, then ``save``: a checkpoint in :mod:`agentrl.trainers.checkpoint`'s
    format under ``sft.output_dir`` (default ``<run_dir>/sft``) whose ``actor/`` folder is a
@@ -39,7 +42,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import random
 import time
 from dataclasses import dataclass, field
@@ -58,7 +60,9 @@ from agentrl.rollout.demonstrations import DEMO_SEED_OFFSET
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.device import resolve_device
-from agentrl.trainers.imitation import oracle_demonstrations, sft_update, update_rows
+from agentrl.trainers.imitation import (
+    oracle_demonstrations, sft_update, update_rows, updates_per_epoch,
+)
 
 __all__ = ["DEMO_SEED_OFFSET", "SFTTrainer", "SftResult"]
 
@@ -164,12 +168,12 @@ class SFTTrainer:
         that ends past ``deadline`` (a ``time.monotonic()`` value) is the last."""
         sft = self.config.sft
         batch = to_batch(trajectories, self.pad_token_id)
-        n = len(trajectories)
         losses: list[float] = []
-        total = sft.epochs * math.ceil(n / sft.mini_batch_size)
+        total = sft.epochs * updates_per_epoch(len(trajectories), sft.mini_batch_size)
         with tqdm(total=total, desc="sft", unit="update") as bar:
             for update in range(total):
-                rows = update_rows(n, sft.mini_batch_size, self.config.seed, update)
+                rows = update_rows(batch["episode_index"], sft.mini_batch_size, self.config.seed,
+                                   update)
                 loss, _ = sft_update(self.model, self.params, self.optim, batch, rows, self.config)
                 losses.append(loss)
                 bar.set_postfix(loss=f"{loss:.4f}", refresh=False)

@@ -10,9 +10,11 @@ the first step measures the untouched model, every step after is logged, saved a
 like a PPO step, and the curve shows the whole rise.
 
 Step ``k`` is mini-batch ``k`` of the oracle's demonstrations (``sft.episodes`` of
-``sft.presets``, played once on first use): epoch ``e`` visits them in the order
-``randperm(n)`` seeded by ``seed + e``, so a resumed run takes the same mini-batches it would
-have taken (``sft.epochs`` is not read: the steps set how many passes there are). The loss and
+``sft.presets``, played once on first use): ``sft.mini_batch_size`` episodes with all their
+context-window rows (:func:`agentrl.trainers.imitation.update_rows`). Epoch ``e`` visits the
+episodes in the order ``randperm(n)`` seeded by ``seed + e``, so each epoch trains every reply
+once and a resumed run takes the same mini-batches it would have taken (``sft.epochs`` is not
+read: ``train.sft_steps`` sets how many passes there are; ``sft/epoch`` logs it). The loss and
 its exact accumulation are :func:`agentrl.trainers.imitation.accumulate_gradients`. The AdamW of
 these steps (``sft.lr``) is its own and is not checkpointed: a run resumed inside the warm
 start restarts its moments, never its weights.
@@ -20,13 +22,14 @@ start restarts its moments, never its weights.
 
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import torch
 
 from agentrl.rollout import to_batch
-from agentrl.trainers.imitation import oracle_demonstrations, sft_update, update_rows
+from agentrl.trainers.imitation import (
+    oracle_demonstrations, sft_update, update_rows, updates_per_epoch,
+)
 
 __all__ = ["WarmStart"]
 
@@ -53,11 +56,11 @@ class WarmStart:
         """SFT update ``step`` (from 1); returns its ``sft/*`` metrics."""
         sft = self.config.sft
         batch = self.demonstrations()
-        n = batch["responses"].shape[0]
-        rows = update_rows(n, sft.mini_batch_size, self.config.seed, step - 1)
+        episodes = len(batch["episode_index"].unique())
+        rows = update_rows(batch["episode_index"], sft.mini_batch_size, self.config.seed, step - 1)
         loss, norm = sft_update(self.model, self.params, self.optim, batch, rows, self.config)
-        return {"sft/loss": loss, "sft/grad_norm": norm, "sft/lr": sft.lr,
-                "sft/epoch": step / math.ceil(n / sft.mini_batch_size)}
+        return {"sft/loss": loss, "sft/grad_norm": norm, "sft/lr": sft.lr, "sft/rows": len(rows),
+                "sft/epoch": step / updates_per_epoch(episodes, sft.mini_batch_size)}
 
     def close(self) -> None:
         """Free the optimizer's moments and the demonstrations (PPO needs the memory)."""

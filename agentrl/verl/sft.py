@@ -97,7 +97,7 @@ def sft_rows(config: TrainConfig, split: str) -> list[dict[str, Any]]:
     from agentrl.rollout.demonstrations import demonstration_messages, demonstration_seeds
 
     if split == "train":
-        names, seeds = config.sft_presets, demonstration_seeds(config.sft.episodes)
+        names, seeds = config.sft_presets, demonstration_seeds(config.sft.episodes, config.seed)
         plan = [(names[i % len(names)], seed) for i, seed in enumerate(seeds)]
     else:
         seeds = split_seeds("val", config.val.group_num)

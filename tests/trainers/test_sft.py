@@ -134,7 +134,7 @@ def test_random_turns_are_played_but_not_learned(tiny):
         assert sum(t.response_mask) == sum(len(turns[end].response_ids) for end in learned)
 
 
-def replay_demonstrations(tokenizer, count: int = 4):
+def replay_demonstrations(tokenizer, count: int = 6):
     config = build_config({"agents": {"replay": REPLAY_PRESET}, "train": {"presets": ["replay"]},
                            "val": {"presets": ["replay"]}})
     presets = config.playing_presets(["replay"], 4)

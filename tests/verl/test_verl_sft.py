@@ -27,7 +27,7 @@ def test_make_data_sft_writes_what_verls_multiturn_dataset_learns(tmp_path, mode
                      "sft.episodes=4", f"val.presets=[{PRESET}]", "val.group_num=2"]) == 0
     assert "sft_train.parquet: 4 rows" in capsys.readouterr().out
     rows = pd.read_parquet(out / verl_sft.SFT_TRAIN_FILE)
-    assert rows["seed"].tolist() == demonstration_seeds(4)
+    assert rows["seed"].tolist() == demonstration_seeds(4, seed=0)
     assert len(pd.read_parquet(out / verl_sft.SFT_VAL_FILE)) == 2
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     dataset = MultiTurnSFTDataset(str(out / verl_sft.SFT_TRAIN_FILE), tokenizer, OmegaConf.create(
