@@ -83,6 +83,7 @@ from agentrl.trainers.guards import (
 )
 from agentrl.trainers.microbatch import micro_rows, pad_responses, prefix_order
 from agentrl.trainers.plots import plot_learning_curves, reference_success
+from agentrl.trainers.reference import Reference
 from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, response_logprobs
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.tracking import RunTracker
@@ -146,7 +147,6 @@ class LocalTrainer:
         self.pad_token_id = self.tokenizer.pad_token_id
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
-        self.ref = None
         self._first_pass_logprobs: torch.Tensor | None = None  # see _first_pass_is_old
         self._first_pass_values: torch.Tensor | None = None  # see _critic_pass_gives_values
         self._setup_actor()
@@ -194,7 +194,6 @@ class LocalTrainer:
         if config.model.gradient_checkpointing:  # active in the update only: see checkpointing()
             self.actor.gradient_checkpointing_enable(
                 gradient_checkpointing_kwargs={"use_reentrant": False})
-        needs_ref = config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
         if config.lora.rank > 0:
             from peft import LoraConfig, get_peft_model
 
@@ -202,11 +201,8 @@ class LocalTrainer:
                               lora_dropout=config.lora.dropout,
                               target_modules=list(config.lora.target_modules), task_type="CAUSAL_LM")
             self.actor = get_peft_model(self.actor, lora)
-            # the reference is the base model: the same weights with the adapter switched off
-        elif needs_ref:
-            import copy
-
-            self.ref = copy.deepcopy(self.actor).requires_grad_(False).eval()
+        # the KL anchor: the loaded model until the warm start's end (see _end_warm_start)
+        self.reference = Reference(self.actor) if self._needs_ref() else None
         self.actor.eval()  # no dropout: sampled and recomputed log-probs must agree
 
     def _optimizer(self, params: list[torch.nn.Parameter], settings: Any):
@@ -297,6 +293,9 @@ class LocalTrainer:
             "rng": capture_rng_state({"llm": self.llm.generator}),
         }
         tensors = {"trainer_state": state}
+        reference = self.reference.state_dict() if self.reference is not None else None
+        if reference is not None:  # the warm-started policy (see _end_warm_start)
+            tensors["reference"] = reference
         if self.critic is not None:
             tensors["critic"] = self.critic.state_dict()
             state["critic_optim"] = self.critic_optim.state_dict()
@@ -317,6 +316,18 @@ class LocalTrainer:
             self.critic_sched.load_state_dict(state["critic_sched"])
         restore_rng_state(state["rng"], {"llm": self.llm.generator})
         self.step = int(state["step"])
+        self._restore_reference(loaded.tensors.get("reference"))
+
+    def _restore_reference(self, saved: dict[str, torch.Tensor] | None) -> None:
+        if self.reference is None:
+            return
+        if saved is not None:
+            self.reference.load_state_dict(saved)
+        elif 0 < self.config.train.sft_steps <= self.step:
+            raise ValueError(
+                f"the checkpoint of step {self.step} has no KL reference, but the run's reference "
+                f"is the policy of step train.sft_steps={self.config.train.sft_steps}: resume "
+                f"with algorithm.use_kl_in_reward=false and actor.use_kl_loss=false, or restart")
 
     def close(self) -> None:
         """Stop the generation worker, then the event loop."""
@@ -334,7 +345,7 @@ class LocalTrainer:
             with timer("sft"):
                 metrics.update(self.warm_start.step(step))
             if step == config.train.sft_steps:
-                self.warm_start.close()
+                self._end_warm_start()
             metrics.update(timer.metrics())
             return metrics
         with timer("rollout"):
@@ -354,6 +365,15 @@ class LocalTrainer:
         metrics.update(self._update(batch, timer))
         metrics.update(timer.metrics())
         return metrics
+
+    def _end_warm_start(self) -> None:
+        """PPO starts from the warm-started policy: the KL reference becomes it, and a critic
+        with its own backbone copies it (both were copied from the untrained model)."""
+        self.warm_start.close()
+        if self.reference is not None:
+            self.reference.reset_to(self.actor)
+        if self.critic is not None:
+            self.critic.start_from(self.actor)
 
     def _rollout(self, presets, seeds, group_size, sampling, desc: str):
         self.llm.clear_prefix_cache()  # its keys/values are of the weights before the update
@@ -459,11 +479,8 @@ class LocalTrainer:
 
     @contextlib.contextmanager
     def _reference(self):
-        if self.ref is not None:
-            yield self.ref
-        else:  # LoRA: the base model is the actor with its adapter disabled
-            with self.actor.disable_adapter():
-                yield self.actor
+        with self.reference(self.actor) as ref:
+            yield ref
 
     def _value_clip(self, returns: torch.Tensor, mask: torch.Tensor) -> float:
         """The value clip of this step: ``critic.cliprange_value``, times the step's return scale

@@ -203,6 +203,14 @@ class ValueModel(nn.Module):
         param = next(backbone.parameters())
         return cls(backbone, hidden, shared=share_backbone).to(param.device)
 
+    @torch.no_grad()
+    def start_from(self, actor: Any) -> None:
+        """A critic with its own copy of the backbone copies ``actor``'s current one, in place
+        (its optimizer stays valid): after a warm start, it starts from the warm-started
+        weights, as verl's critic starts from the actor's. A shared backbone already is."""
+        if not self.shared:
+            self.backbone.load_state_dict(backbone_of(actor).state_dict())
+
     def values_from(self, features: torch.Tensor) -> torch.Tensor:
         """Values from last hidden states ``(B, R, H)`` already computed (by the actor's pass).
         The head runs in float32 even under autocast: a bf16 value of 10 is only good to 0.06."""
