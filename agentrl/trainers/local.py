@@ -11,7 +11,8 @@ One training step is a short sequence of named stages (each timed as ``timing/<s
    by the actor through :class:`agentrl.engines.BatchingLLM`.
 2. ``filter``: in-group std filtering and return normalization, then :func:`to_batch`.
 3. ``old_logprobs`` / ``ref`` / ``values``: the actor's log-probs of the sampled tokens (the PPO
-   ratio's denominator), the frozen reference's (only when a KL term is on) and the critic's
+   ratio's denominator), the frozen reference's (only when a KL term is on; the policy PPO
+   starts from, :mod:`agentrl.trainers.reference`) and the critic's
    values, without gradients. With one epoch over one mini-batch the old log-probs, and a
    separate critic's values, are not computed here: the updates' own first passes are at the
    old weights, and their detached outputs are the old ones (see
