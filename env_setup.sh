@@ -70,7 +70,7 @@ check_nvidia_driver() {
          "(the GPU stack needs driver $MIN_DRIVER or newer on every GPU node)" >&2
     return 0
   fi
-  version=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1)
+  version=$(nvidia-smi --query-gpu=driver_version --format=csv,noheader 2>/dev/null | head -n 1 || true)
   major=${version%%.*}
   if [[ ! $major =~ ^[0-9]+$ ]]; then
     echo "env_setup.sh: WARNING: nvidia-smi reports no driver version ('$version'); not checked" >&2

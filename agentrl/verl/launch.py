@@ -26,9 +26,12 @@ the GPU hardware presets set ``absolute``) fail at start-up (``TrainConfig``'s v
 
 Before anything starts, :mod:`agentrl.verl.preflight` fits the micro-batches to each GPU's
 share and the memory estimate to the card, and checks verl's dispatch divisions on the composed
-config (in ``--dry-run`` too). On a CPU (``device: cpu``, ``hardware=cpu-verl``) the run goes
-through :mod:`agentrl.verl.cpu_platform`; on GPUs without flash-attn, through PyTorch's sdpa
-(:func:`without_flash_attn`). ``PYTHONPATH``, ``WANDB_*`` and ``AGENTRL_CACHE`` reach every Ray
+config (in ``--dry-run`` too). On GPUs, :mod:`agentrl.verl.cluster` then checks the Ray cluster
+the run joins (its GPUs against ``verl.nnodes`` x ``verl.n_gpus_per_node``, the same checkout
+and a shared ``run_dir`` on every node, flash-attn on every node; not in ``--dry-run``). On a
+CPU (``device: cpu``, ``hardware=cpu-verl``) the run goes through
+:mod:`agentrl.verl.cpu_platform`; on GPUs where any node lacks flash-attn, through PyTorch's
+sdpa (:func:`without_flash_attn`). ``PYTHONPATH``, ``WANDB_*`` and ``AGENTRL_CACHE`` reach every Ray
 worker through ``ray_kwargs.ray_init.runtime_env`` (a cluster started before the launch does
 not inherit the launcher's environment).
 Then the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
@@ -71,6 +74,7 @@ from agentrl.config import TrainConfig
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.tracking import METRICS_FILE
 from agentrl.verl import preflight
+from agentrl.verl.cluster import check_cluster
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
 
 __all__ = ["VERL_ENTRY", "compose_verl_config", "hydra_value", "launch", "launch_command",
@@ -465,11 +469,14 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     if dry_run:
         _print_dry_run(verl_config, command, env, paths, report)
         return 0
-    if not on_cpu(config) and importlib.util.find_spec("flash_attn") is None:
-        config = without_flash_attn(config)
-        overrides = verl_overrides(config, paths)
-        compose_verl_config(overrides)
-        command, env = launch_command(overrides, config), launch_env(config)
+    if not on_cpu(config):
+        flash_attn, cluster_notes = check_cluster(config)
+        report += [f"preflight: {note}" for note in cluster_notes]
+        if not flash_attn:
+            config = without_flash_attn(config)
+            overrides = verl_overrides(config, paths)
+            compose_verl_config(overrides)
+            command, env = launch_command(overrides, config), launch_env(config)
     print("\n".join(report), flush=True)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     (config.run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

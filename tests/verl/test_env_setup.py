@@ -93,6 +93,14 @@ def test_gpu_setup_checks_the_nvidia_driver_before_installing(tmp_path, driver, 
         assert done.returncode == 0, done.stderr
 
 
+def test_a_driver_nvidia_smi_cannot_report_is_warned_about_not_fatal(tmp_path):
+    folder = bare_path(tmp_path)
+    fake_tool(folder, "nvidia-smi", "exit 9")
+    done, calls = plan(tmp_path, "--gpu", path=str(folder))
+    assert done.returncode == 0, done.stderr
+    assert "reports no driver version" in done.stderr
+
+
 def test_without_java_or_root_the_setup_warns_and_completes(tmp_path):
     """No java, no apt-get, no sudo (a cluster account): every game but TextWorldExpress works."""
     done, calls = plan(tmp_path, path=str(bare_path(tmp_path)))

@@ -383,3 +383,26 @@ def test_the_gpu_preset_follows_the_cards_memory_and_the_real_memory_is_passed(
     found, memory_gb = done.stdout.split()
     assert found == preset
     assert float(memory_gb) == pytest.approx(memory_mib * 2**20 / 1e9, abs=0.1)
+
+
+def test_the_examples_count_every_gpu_of_a_running_ray_cluster(tmp_path):
+    """Two nodes of 8 under `ray start`: the script's default is 16 GPUs on 2 nodes, not this
+    node's 8 with the second idle. A ``python`` stand-in answers the cluster query and the
+    set-up, and records the train command."""
+    record, prefix = tmp_path / "command", tmp_path / "prefix"
+    prefix.mkdir()
+    bin_dir = fake_nvidia_smi(tmp_path, "NVIDIA H100 80GB HBM3", 81559)
+    (bin_dir / "python").write_text(f"""#!/usr/bin/env bash
+case "${{1-}} ${{2-}}" in
+  "-m agentrl.verl.cluster") echo "16 8"; exit 0 ;;
+  "-m agentrl.cli") printf '%s\\n' "${{@:3}}" > {record}; exit 0 ;;
+esac
+if [[ "${{1-}}" == -c && "${{2-}}" == *sys.prefix* ]]; then echo {prefix}; fi
+exit 0
+""")
+    (bin_dir / "python").chmod(0o755)
+    done = run_script(EXAMPLES[0], path_prefix=bin_dir)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "the running Ray cluster has 16 GPUs, 8 per node" in done.stderr
+    command = record.read_text().splitlines()
+    assert {"backend=verl", "verl.n_gpus_per_node=8", "verl.nnodes=2"} <= set(command)
