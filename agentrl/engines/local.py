@@ -66,7 +66,9 @@ from typing import Any
 import torch
 
 from agentrl.engines import static_cache
-from agentrl.engines.constrained import Generation, RowConstraint, TokenTexts, apply_masks
+from agentrl.engines.constrained import (
+    Generation, RowConstraint, TokenMask, TokenTexts, apply_masks,
+)
 from agentrl.engines.prefix_cache import PrefixCache
 from agentrl.models.parts import backbone_of, plain_head
 from agentrl.models.precision import compute_precision
@@ -139,6 +141,12 @@ class GenerationStats:
     applying them, and moving each row's grammar past its token
     (:mod:`agentrl.engines.constrained`)."""
     max_batch_size: int = 0
+    decode_steps: int = 0
+    """Batched forward passes after the prefills: each chooses one token a row (a row's
+    further tokens that its grammar forces ride along in the same pass: ``jumped_tokens``)."""
+    jumped_tokens: int = 0
+    """Of the generated tokens, those a constrained row's grammar forced (the only allowed id
+    after the previous token), appended without a decode step of their own (jump-forward)."""
 
     @property
     def mean_batch_size(self) -> float:
@@ -189,6 +197,9 @@ class BatchingLLM:
             the model's weights, call :meth:`clear_prefix_cache`.
         compute_dtype: autocast the forward passes to this dtype (``bfloat16``: float32
             weights, bf16 matmuls, as the local trainer computes); None = the weights' dtype.
+        jump_forward: where a constrained row's grammar allows one token only, append it
+            without a decode step of its own (see the module docstring); False decodes every
+            token in its own step (the same tokens and log-probs, more forward passes).
     """
 
     def __init__(
@@ -203,6 +214,7 @@ class BatchingLLM:
         eos_token_ids: Sequence[int] | None = None,
         prefix_cache_tokens: int = 0,
         compute_dtype: str | torch.dtype | None = None,
+        jump_forward: bool = True,
     ):
         if max_batch < 1:
             raise ValueError(f"max_batch must be >= 1, got {max_batch}")
@@ -222,6 +234,7 @@ class BatchingLLM:
         self.turn_end_id = _turn_end(tokenizer)
         self.max_positions = getattr(model.config, "max_position_embeddings", None)
         self.compute_dtype = compute_dtype
+        self.jump_forward = jump_forward
         self.generator = torch.Generator(device=self.device)
         if seed is None:
             self.generator.seed()
@@ -356,7 +369,7 @@ class BatchingLLM:
 
     def _decode(
         self, prompts: list[list[int]], samplings: list[SamplingParams]
-    ) -> tuple[list[tuple[list[int], list[float]]], float, int]:
+    ) -> tuple[list[Generation], float, int]:
         """Results per prompt, the seconds the prefill took and the tokens it read."""
         device, n = self.device, len(prompts)
         # identical prompts (a group's first turn) are read once, then their rows repeated
@@ -367,11 +380,8 @@ class BatchingLLM:
 
         rows = _RowParams.of(samplings, device)
         stops = [set(s.stop_token_ids) | set(self.eos_token_ids) for s in samplings]
-        limits = [s.max_new_tokens for s in samplings]
-        outputs: list[tuple[list[int], list[float]]] = [([], []) for _ in prompts]
-        constraints = self._constraints(samplings, stops)
-        token_masks = [[] if c is not None else None for c in constraints]
-        features = [[] if s.return_features else None for s in samplings]
+        replies = _Replies(samplings, stops, self._constraints(samplings, stops),
+                           self.jump_forward)
         with_features = any(s.return_features for s in samplings)
         active = list(range(n))  # original row of each batch row still decoding
 
@@ -382,56 +392,49 @@ class BatchingLLM:
         if rows_index is not None:
             logits, position_ids = logits[rows_index], position_ids[rows_index]
             hidden = None if hidden is None else hidden[rows_index]
-        decoder = self._decoder(cache, attention_mask, rows_index, max(limits), with_features)
+        decoder = self._decoder(cache, attention_mask, rows_index,
+                                max(s.max_new_tokens for s in samplings), with_features)
         if device.type == "cuda":
             torch.cuda.synchronize(device)
         prefill_seconds = time.perf_counter() - start
         next_positions = position_ids[:, -1] + 1
-        constrained = any(c is not None for c in constraints)
-        constraint_seconds = 0.0
+        steps = 0
         while True:
-            masks = None
-            if constrained:  # each constrained row: only tokens that continue its grammar
+            masks = replies.masks(active)
+            if masks is not None:  # each constrained row: only tokens that continue its grammar
                 mask_start = time.perf_counter()
-                masks = [None if constraints[row] is None else
-                         constraints[row].mask(limits[row] - len(outputs[row][0]))
-                         for row in active]
                 logits = apply_masks(logits, masks)
-                constraint_seconds += time.perf_counter() - mask_start
+                replies.constraint_seconds += time.perf_counter() - mask_start
             tokens, logprobs = _choose(logits, rows, self.generator)
-            hidden = hidden.float().cpu() if with_features else None
-            keep = []
+            last = hidden[:, -1].float().cpu() if with_features else None
+            keep, chunks = [], []
             for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
                 row = active[batch_row]
-                ids, lps = outputs[row]
-                ids.append(token)
-                lps.append(logprob)
-                if features[row] is not None:
-                    features[row].append(hidden[batch_row])
-                if masks is not None and masks[batch_row] is not None:
-                    advance_start = time.perf_counter()
-                    token_masks[row].append(masks[batch_row])
-                    constraints[row].advance(token)
-                    constraint_seconds += time.perf_counter() - advance_start
-                if token not in stops[row] and len(ids) < limits[row]:
-                    keep.append(batch_row)
+                chunk = replies.add(row, token, logprob, None if masks is None else masks[batch_row],
+                                    None if last is None else last[batch_row])
+                if replies.done(row):
+                    self._remember(prompts[row] + replies.cached_ids(row), decoder, batch_row)
                 else:
-                    self._remember(prompts[row] + ids[:-1], decoder, batch_row)
+                    keep.append(batch_row)
+                    chunks.append(chunk)
             if not keep:
-                results = [Generation(ids, lps, token_masks[row],
-                                      None if features[row] is None else torch.stack(features[row]))
-                           for row, (ids, lps) in enumerate(outputs)]
                 with self._stats_lock:
-                    self.stats.constraint_seconds += constraint_seconds
-                return results, prefill_seconds, prefill_tokens
+                    self.stats.constraint_seconds += replies.constraint_seconds
+                    self.stats.decode_steps += steps
+                    self.stats.jumped_tokens += replies.jumped
+                return replies.results(), prefill_seconds, prefill_tokens
             if len(keep) < len(active):  # drop finished rows from every per-row tensor
                 index = torch.tensor(keep, device=device)
                 decoder.keep(keep)
-                tokens, next_positions = tokens[index], next_positions[index]
+                next_positions = next_positions[index]
                 rows = rows.select(index)
                 active = [active[i] for i in keep]
-            logits, hidden = decoder.step(tokens, next_positions)
-            next_positions = next_positions + 1
+            inputs, valid, positions, lengths = _chunk_inputs(chunks, next_positions,
+                                                              self.pad_token_id)
+            logits, hidden = decoder.step(inputs, positions, valid)
+            steps += 1
+            replies.stepped(active, chunks, hidden if with_features else None)
+            next_positions = next_positions + lengths
 
     def _decoder(self, cache: Any, attention_mask: torch.Tensor, rows: torch.Tensor | None,
                  steps: int, with_features: bool = False) -> Any:
@@ -510,11 +513,13 @@ class BatchingLLM:
         self.prefix_cache.put(ids, keys, values)
 
     def _forward(self, input_ids, attention_mask, position_ids, cache,
-                 with_features: bool = False) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Logits of the last position, float32, shape [batch, vocab], and its last hidden
-        state [batch, hidden] if ``with_features`` (else None): the backbone's output and the
-        head on it where the head is plain (:func:`agentrl.models.parts.plain_head`), not every
-        layer's states of a whole prefill."""
+                 with_features: bool = False, keep: int = 1
+                 ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Logits of the last position, float32, shape [batch, vocab], and the last hidden
+        states of the last ``keep`` positions [batch, keep, hidden] if ``with_features`` (else
+        None): the backbone's output and the head on it where the head is plain
+        (:func:`agentrl.models.parts.plain_head`), not every layer's states of a whole
+        prefill."""
         inputs = {"input_ids": input_ids, "attention_mask": attention_mask,
                   "position_ids": position_ids, "past_key_values": cache, "use_cache": True}
         with compute_precision(self.device, self.compute_dtype):
@@ -522,11 +527,11 @@ class BatchingLLM:
                 return self.model(**inputs, logits_to_keep=1).logits[:, -1, :].float(), None
             if self._plain_head is None:
                 self._plain_head = plain_head(self.model)
-            if self._plain_head:  # not the whole prefill's states: a copy of the last position
-                hidden = backbone_of(self.model)(**inputs).last_hidden_state[:, -1].clone()
-                return self.model.get_output_embeddings()(hidden).float(), hidden
+            if self._plain_head:  # not the whole prefill's states: a copy of the last positions
+                hidden = backbone_of(self.model)(**inputs).last_hidden_state[:, -keep:].clone()
+                return self.model.get_output_embeddings()(hidden[:, -1]).float(), hidden
             out = self.model(**inputs, logits_to_keep=1, output_hidden_states=True)
-        return out.logits[:, -1, :].float(), out.hidden_states[-1][:, -1]
+        return out.logits[:, -1, :].float(), out.hidden_states[-1][:, -keep:]
 
     def _check(self, prompt: list[int], sampling: SamplingParams) -> None:
         if not isinstance(sampling, SamplingParams):
@@ -552,12 +557,13 @@ class _DynamicCacheDecoder:
         self.llm, self.cache, self.attention_mask = llm, cache, attention_mask
         self.with_features = with_features
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor,
+             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor | None]:
         mask = self.attention_mask
-        self.attention_mask = torch.cat([mask, mask.new_ones(len(mask), 1)], 1)
-        return self.llm._forward(tokens[:, None], self.attention_mask, positions[:, None],
-                                 self.cache, self.with_features)
+        new = mask.new_ones(tokens.shape) if valid is None else valid.to(mask.dtype)
+        self.attention_mask = torch.cat([mask, new], 1)
+        return self.llm._forward(tokens, self.attention_mask, positions, self.cache,
+                                 self.with_features, keep=tokens.shape[1])
 
     def keep(self, kept: list[int]) -> None:
         index = torch.tensor(kept, device=self.attention_mask.device)
@@ -595,6 +601,113 @@ class _RowParams:
         return _RowParams(
             *(t[index] for t in (self.greedy, self.temperature, self.top_k, self.top_p))
         )
+
+
+class _Replies:
+    """One batch's replies as they are decoded: per row its tokens, log-probs, masks, features
+    and grammar, and how many of its tokens the decoder's cache holds."""
+
+    def __init__(self, samplings: list[SamplingParams], stops: list[set[int]],
+                 constraints: list[RowConstraint | None], jump_forward: bool):
+        self.ids: list[list[int]] = [[] for _ in samplings]
+        self.logprobs: list[list[float]] = [[] for _ in samplings]
+        self.token_masks = [[] if c is not None else None for c in constraints]
+        self.features = [[] if s.return_features else None for s in samplings]
+        self.limits = [s.max_new_tokens for s in samplings]
+        self.stops, self.constraints, self.jump_forward = stops, constraints, jump_forward
+        self.constrained = any(c is not None for c in constraints)
+        self.cached = [0] * len(samplings)  # reply tokens whose keys and values are cached
+        self.jumped = 0
+        self.constraint_seconds = 0.0
+
+    def masks(self, active: list[int]) -> list[TokenMask | None] | None:
+        """Each active row's mask for its next token (None: no row is constrained)."""
+        if not self.constrained:
+            return None
+        start = time.perf_counter()
+        masks = [None if self.constraints[row] is None else
+                 self.constraints[row].mask(self.limits[row] - len(self.ids[row]))
+                 for row in active]
+        self.constraint_seconds += time.perf_counter() - start
+        return masks
+
+    def add(self, row: int, token: int, logprob: float, mask: TokenMask | None,
+            feature: torch.Tensor | None) -> list[int]:
+        """Append the chosen token and, with jump-forward, the tokens the grammar forces after
+        it (log-prob 0: probability 1 under their one-token mask): the tokens the next decode
+        step feeds for this row."""
+        self._append(row, token, logprob, mask, feature)
+        constraint = self.constraints[row]
+        if constraint is None:
+            return [token]
+        start = time.perf_counter()
+        constraint.advance(token)
+        chunk = [token]
+        while self.jump_forward and not self.done(row):
+            forced = constraint.mask(self.limits[row] - len(self.ids[row]))
+            if not forced.allow or len(forced.ids) != 1:
+                break
+            token = forced.ids[0]
+            if self.features[row] is not None and self._ends(row, token):
+                break  # its feature is the hidden state after the chunk: a step reads it
+            self._append(row, token, 0.0, forced, None)  # feature: after the next step
+            constraint.advance(token)
+            chunk.append(token)
+            self.jumped += 1
+        self.constraint_seconds += time.perf_counter() - start
+        return chunk
+
+    def stepped(self, active: list[int], chunks: list[list[int]],
+                hidden: torch.Tensor | None) -> None:
+        """After a decode step fed ``chunks``: their tokens are cached, and each jumped
+        token's feature is the hidden state ``[rows, width, hidden]`` at the token before it."""
+        width = max(map(len, chunks))
+        for batch_row, (row, chunk) in enumerate(zip(active, chunks)):
+            self.cached[row] += len(chunk)
+            if hidden is not None and len(chunk) > 1 and self.features[row] is not None:
+                states = hidden[batch_row, width - len(chunk):width - 1].float().cpu()
+                self.features[row][1 - len(chunk):] = list(states)
+
+    def done(self, row: int) -> bool:
+        ids = self.ids[row]
+        return bool(ids) and (ids[-1] in self.stops[row] or len(ids) >= self.limits[row])
+
+    def cached_ids(self, row: int) -> list[int]:
+        """The reply tokens the decoder's cache holds for ``row`` (all but those never fed)."""
+        return self.ids[row][:self.cached[row]]
+
+    def results(self) -> list[Generation]:
+        return [Generation(ids, lps, masks, None if feats is None else torch.stack(feats))
+                for ids, lps, masks, feats in zip(self.ids, self.logprobs, self.token_masks,
+                                                  self.features)]
+
+    def _append(self, row: int, token: int, logprob: float, mask: TokenMask | None,
+                feature: torch.Tensor | None) -> None:
+        self.ids[row].append(token)
+        self.logprobs[row].append(logprob)
+        if self.token_masks[row] is not None:
+            self.token_masks[row].append(mask)
+        if self.features[row] is not None:
+            self.features[row].append(feature)
+
+    def _ends(self, row: int, token: int) -> bool:
+        return token in self.stops[row] or len(self.ids[row]) + 1 >= self.limits[row]
+
+
+def _chunk_inputs(chunks: list[list[int]], positions: torch.Tensor, pad_id: int):
+    """A decode step's inputs: the rows' chunks left-padded to the widest ``[rows, width]``,
+    which of them are real (None when every chunk is one token), their positions (each row's
+    continue from ``positions``) and each chunk's length."""
+    device = positions.device
+    lengths = torch.tensor([len(chunk) for chunk in chunks], device=device)
+    width = max(map(len, chunks))
+    if width == 1:
+        return torch.tensor(chunks, device=device), None, positions[:, None], lengths
+    ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
+    for batch_row, chunk in enumerate(chunks):
+        ids[batch_row, width - len(chunk):] = torch.tensor(chunk)
+    offsets = torch.arange(width, device=device)[None, :] - (width - lengths)[:, None]
+    return ids.to(device), offsets >= 0, positions[:, None] + offsets.clamp(min=0), lengths
 
 
 def _choose(

@@ -1,7 +1,8 @@
 """Decode steps over a preallocated key/value cache, for Llama-style models on the local engine.
 
     decoder = StaticCacheDecoder.build(model, prefill_cache, attention_mask, rows, steps)
-    logits, hidden = decoder.step(tokens, positions)   # [batch, vocab] float32, [batch, hidden]
+    logits, hidden = decoder.step(tokens, positions)   # tokens, positions: [batch, width]
+    # logits [batch, vocab] float32 of each row's last token, hidden [batch, width, hidden]
     decoder.keep([0, 2])                       # rows 1, 3, ... finished: drop them
     keys, values = decoder.row(0)              # a row's real keys/values, for the prefix cache
 
@@ -17,6 +18,10 @@ the filled columns with two batched matmuls per layer, the grouped query heads a
 key/value heads (no copy). The layers' own modules (norms, projections, MLP, rotary embedding,
 LoRA adapters if any) compute everything else, so a row's tokens and log-probs are those of the
 model's own forward pass (the tests compare them).
+
+A step may feed several tokens a row (jump-forward decoding: the tokens a grammar forces),
+left-padded to the widest row: the step writes that many columns, ``valid`` marks the pads out,
+and the new tokens attend causally to each other.
 
 The prefill stays the model's forward with a ``DynamicCache``; :meth:`StaticCacheDecoder.build`
 copies it into the buffer once. Models whose attention differs (sliding windows, per-head
@@ -106,46 +111,75 @@ class StaticCacheDecoder:
         valid[:, :length] = attention_mask.bool()
         return cls(model, keys, values, valid, length)
 
-    def step(self, tokens: torch.Tensor, positions: torch.Tensor
-             ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Logits ``[rows, vocab]`` (float32) after each row's next token at its position, and
-        the last hidden state they are read from ``[rows, hidden]``."""
-        rows, column = self.rows, self.length
-        if column >= self.valid.shape[1]:
-            raise RuntimeError(f"static cache full: {column} columns")
-        self.valid[:rows, column] = True
-        hidden = self.decoder.embed_tokens(tokens[:, None])  # [rows, 1, hidden]
-        cos, sin = self.decoder.rotary_emb(hidden, positions[:, None])
-        valid = self.valid[:rows, : column + 1]
-        bias = torch.zeros(valid.shape, dtype=hidden.dtype, device=hidden.device)
-        bias = bias.masked_fill_(~valid, float("-inf"))[:, None, None, :]  # [rows, 1, 1, cols]
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor,
+             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Feed ``tokens`` ``[rows, width]`` at ``positions`` (``valid``: which are real, the
+        rest left pads; None = all): the logits ``[rows, vocab]`` (float32) after each row's
+        last token, and the last hidden states ``[rows, width, hidden]`` they are read from."""
+        rows, width, column = self.rows, tokens.shape[1], self.length
+        self._reserve(column + width)
+        self.valid[:rows, column:column + width] = True if valid is None else valid
+        hidden = self.decoder.embed_tokens(tokens)  # [rows, width, hidden]
+        cos, sin = self.decoder.rotary_emb(hidden, positions)
+        bias = self._bias(hidden.dtype, width)
         for index, layer in enumerate(self.decoder.layers):
             attended = self._attend(layer.self_attn, layer.input_layernorm(hidden), cos, sin,
                                     bias, index)
             hidden = hidden + attended
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
-        self.length = column + 1
-        hidden = self.decoder.norm(hidden)[:, -1]
-        return self.lm.lm_head(hidden).float(), hidden
+        self.length = column + width
+        hidden = self.decoder.norm(hidden)
+        return self.lm.lm_head(hidden[:, -1]).float(), hidden
+
+    def _bias(self, dtype: torch.dtype, width: int) -> torch.Tensor:
+        """``[rows, 1, 1, width, columns]``: 0 where a new token may attend (a real column,
+        not after itself), -inf elsewhere."""
+        end = self.length + width
+        allowed = self.valid[:self.rows, None, :end].expand(-1, width, -1).clone()
+        if width > 1:
+            new = torch.arange(width, device=allowed.device)
+            allowed[:, :, self.length:] &= new[None, :, None] >= new[None, None, :]
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)
+        return bias.masked_fill_(~allowed, float("-inf"))[:, None, None]
+
+    def _reserve(self, columns: int) -> None:
+        """Grow the buffers to hold ``columns`` (jump-forward steps write pads too)."""
+        capacity = self.valid.shape[1]
+        if columns <= capacity:
+            return
+        grown = max(columns, capacity + capacity // 2)
+        for buffers, axis in ((self.keys, 3), (self.values, 2)):
+            for index, buffer in enumerate(buffers):
+                shape = list(buffer.shape)
+                shape[axis] = grown
+                bigger = buffer.new_empty(shape)
+                bigger.narrow(axis, 0, capacity).copy_(buffer)
+                buffers[index] = bigger
+        valid = self.valid.new_zeros(self.valid.shape[0], grown)
+        valid[:, :capacity] = self.valid
+        self.valid = valid
 
     def _attend(self, attention: Any, hidden: torch.Tensor, cos, sin, bias,
                 index: int) -> torch.Tensor:
-        """One layer's attention output ``[rows, 1, hidden]`` for the new token."""
-        rows, dim, kv_heads = hidden.shape[0], self.head_dim, self.kv_heads
-        query = attention.q_proj(hidden).view(rows, 1, -1, dim).transpose(1, 2)
-        key = attention.k_proj(hidden).view(rows, 1, -1, dim).transpose(1, 2)
-        value = attention.v_proj(hidden).view(rows, 1, -1, dim).transpose(1, 2)
+        """One layer's attention output ``[rows, width, hidden]`` for the new tokens."""
+        rows, width, dim, kv_heads = hidden.shape[0], hidden.shape[1], self.head_dim, self.kv_heads
+        query = attention.q_proj(hidden).view(rows, width, -1, dim).transpose(1, 2)
+        key = attention.k_proj(hidden).view(rows, width, -1, dim).transpose(1, 2)
+        value = attention.v_proj(hidden).view(rows, width, -1, dim).transpose(1, 2)
         query, key = self.rotate(query, key, cos, sin)
-        column = self.length
+        column, end = self.length, self.length + width
         keys, values = self.keys[index][:rows], self.values[index][:rows]
-        keys[..., column] = key[:, :, 0]
-        values[:, :, column] = value[:, :, 0]
-        # grouped heads as a view: [rows, kv_heads, group, dim] @ [rows, kv_heads, dim, cols]
+        keys[..., column:end] = key.transpose(2, 3)
+        values[:, :, column:end] = value
+        # grouped heads as a view: [rows, kv_heads, group x width, dim] @ [.., dim, cols]
+        heads = query.shape[1]
         grouped = query.reshape(rows, kv_heads, -1, dim)
-        scores = torch.matmul(grouped, keys[..., : column + 1]) * self.scaling
-        weights = torch.softmax(scores + bias, dim=-1, dtype=torch.float32).to(query.dtype)
-        out = torch.matmul(weights, values[:, :, : column + 1])  # [rows, kv_heads, group, dim]
-        return attention.o_proj(out.reshape(rows, 1, -1))
+        scores = torch.matmul(grouped, keys[..., :end]) * self.scaling
+        scores = scores.view(rows, kv_heads, heads // kv_heads, width, end) + bias
+        weights = torch.softmax(scores, dim=-1, dtype=torch.float32).to(query.dtype)
+        out = torch.matmul(weights.view(rows, kv_heads, -1, end), values[:, :, :end])
+        out = out.view(rows, heads, width, dim).transpose(1, 2).reshape(rows, width, -1)
+        return attention.o_proj(out)
 
     def keep(self, kept: Sequence[int]) -> None:
         """Keep only the rows ``kept`` (ascending), moved to the front of the buffers."""
