@@ -33,17 +33,17 @@ def build_parser() -> argparse.ArgumentParser:
         sub = commands.add_parser(name, help=summary, description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
         module.add_arguments(sub)
-        sub.set_defaults(run=module.run)
+        sub.set_defaults(run=module.run, error=sub.error)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
+    """Run a command; a bad input (a ``ValueError`` naming it) exits 2 with its message."""
+    args = build_parser().parse_args(argv)
     try:
         return args.run(args)
     except ValueError as error:  # bad options (unknown preset, bad setting): say which, no traceback
-        parser.error(str(error))
+        args.error(str(error))
 
 
 if __name__ == "__main__":

@@ -34,6 +34,8 @@ import argparse
 import asyncio
 import dataclasses
 import json
+import math
+import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
@@ -71,6 +73,46 @@ def _int_at_least(text: str, low: int) -> int:
     return value
 
 
+def non_negative_float(text: str) -> float:
+    """A finite number >= 0 (temperatures, delays)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = -1.0
+    if not (math.isfinite(value) and value >= 0):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def writable_path(path: str | Path, flag: str, folder: bool = False) -> Path:
+    """``path`` (a file, or a ``folder``) checked before any work: not the other kind, and
+    its folder can be made and written. ``ValueError`` naming ``flag`` otherwise."""
+    path = Path(path).expanduser()
+    kind = "folder" if folder else "file"
+    if path.exists() and path.is_dir() != folder:
+        raise ValueError(f"{flag} {str(path)!r} is a {'file' if folder else 'folder'}; allowed: "
+                         f"the path of a {kind} to write")
+    parent = path if folder else path.parent
+    try:
+        parent.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise ValueError(f"{flag} {str(path)!r}: cannot make {parent} ({error.strerror}); "
+                         f"allowed: a {kind} under a writable folder") from None
+    if not os.access(parent, os.W_OK):
+        raise ValueError(f"{flag} {str(path)!r}: {parent} is not writable; allowed: a {kind} "
+                         "under a writable folder")
+    return path
+
+
+def check_device(device: str, flag: str = "--device") -> None:
+    """``cuda`` only where torch sees a CUDA GPU."""
+    import torch
+
+    if device == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"{flag} cuda: this torch sees no CUDA GPU ({torch.__version__}); "
+                         "allowed: cpu, or auto (cuda when available)")
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS), metavar="PRESET",
                         help=f"agent presets, or 'all' (default: {' '.join(DEFAULT_PRESETS)})")
@@ -96,7 +138,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context-tokens", type=positive_int, default=8192,
                         help="token budget of one episode's context (default 8192, at most the "
                              "model's own)")
-    parser.add_argument("--temperature", type=float, default=0.0,
+    parser.add_argument("--temperature", type=non_negative_float, default=0.0,
                         help="sampling temperature (default 0: greedy)")
     parser.add_argument("--constrained", action="store_true",
                         help="mask the model's replies to well-formed answers of each turn's "
@@ -133,16 +175,38 @@ def select_presets(names: list[str], available: Mapping[str, Any]) -> dict[str, 
     return {name: available[name] for name in names}
 
 
-def model_path(name: str) -> str:
-    """The model folder ``name`` stands for: a checkpoint's ``actor/``, a training run's newest
-    complete checkpoint's ``actor/``, or else ``name`` itself (a model folder, hub id, ...)."""
-    folder = Path(name).expanduser()
-    if (folder / CHECKPOINTS_DIR).is_dir():
-        from agentrl.trainers.checkpoint import latest_checkpoint
+def model_path(name: str, flag: str = "--model") -> str:
+    """The model folder ``name`` stands for: a model folder, a checkpoint's ``actor/``, a
+    training run's newest intact checkpoint's ``actor/``
+    (:func:`agentrl.trainers.checkpoint.model_folder`), or else ``name`` itself (a built-in
+    model or a hub id). A path that is no model fails, naming ``flag``."""
+    path = Path(name).expanduser()
+    if not path.exists() and ("/" not in name or _looks_like_hub_id(name)) \
+            and not name.startswith((".", "~")):
+        return name
+    from agentrl.trainers.checkpoint import model_folder
 
-        folder = latest_checkpoint(folder) or folder
-    actor = folder / CHECKPOINT_MODEL
-    return str(actor) if (actor / "config.json").is_file() else name
+    try:
+        return str(model_folder(path))
+    except ValueError as error:  # it names the path
+        raise ValueError(f"{flag}: {error}") from None
+
+
+def _looks_like_hub_id(name: str) -> bool:
+    """``owner/model``: one slash, no leading one."""
+    return name.count("/") == 1 and not name.startswith("/")
+
+
+def load_named_model(name: str, flag: str = "--model", **options: Any):
+    """:func:`agentrl.models.load_model` of :func:`model_path`; a name that loads nothing
+    fails as a ``ValueError`` naming ``flag`` (its message lists what was tried)."""
+    from agentrl.models import load_model
+    from agentrl.models.loading import ModelNotFoundError
+
+    try:
+        return load_model(model_path(name, flag), **options)
+    except (ModelNotFoundError, OSError) as error:
+        raise ValueError(f"{flag} {name}: {error}") from None
 
 
 def run(args: argparse.Namespace, out=None) -> int:
@@ -153,6 +217,11 @@ def run(args: argparse.Namespace, out=None) -> int:
 
     out = out or sys.stdout
     presets = select_presets(args.presets, load_agent_presets())
+    writable_path(args.out, "--out")
+    if args.plot is not None:
+        writable_path(args.plot, "--plot")
+    if args.policy == "model":
+        check_device(args.device)
     variants = None
     if args.compare:
         from agentrl.compare import apply_variant, parse_variant
@@ -218,11 +287,10 @@ def _load_llm(args: argparse.Namespace):
     import torch
 
     from agentrl.engines import BatchingLLM
-    from agentrl.models import load_model
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
-    model, tokenizer = load_model(model_path(args.model), device=args.device, dtype=args.dtype)
+    model, tokenizer = load_named_model(args.model, device=args.device, dtype=args.dtype)
     return BatchingLLM(model, tokenizer, max_batch=args.max_batch, seed=args.seed,
                        prefix_cache_tokens=args.prefix_cache_tokens)
 
@@ -233,8 +301,6 @@ def _sampling(args: argparse.Namespace, presets: Mapping[str, Any]):
     sampling = greedy_sampling(presets)
     if args.max_new_tokens is not None:
         sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
     if args.temperature > 0:
         sampling = dataclasses.replace(sampling, greedy=False, temperature=args.temperature)
     return dataclasses.replace(sampling, constrained_actions=bool(args.constrained))

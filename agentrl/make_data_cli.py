@@ -40,7 +40,11 @@ def run(args: argparse.Namespace) -> int:
 
     from agentrl.verl.data import write_tasks
 
+    from agentrl.eval_cli import writable_path
+
     config = compose_config(args.overrides)
+    if args.out is not None:
+        writable_path(args.out, "--out", folder=True)
     if args.sft:
         from agentrl.verl.sft import sft_paths, write_sft_data
 

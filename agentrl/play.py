@@ -22,6 +22,7 @@ import gymnasium
 
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.envs import GAMES, env_id
+from agentrl.eval_cli import non_negative_float, non_negative_int, positive_int
 
 QUIT = {"quit", "exit", "q"}
 
@@ -36,10 +37,11 @@ def game_name(text: str) -> str:
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("game", type=game_name, help=f"one of: {', '.join(GAMES)} (any case)")
-    parser.add_argument("--seed", type=int, default=0, help="episode seed (default 0)")
+    parser.add_argument("--seed", type=non_negative_int, default=0,
+                        help="episode seed, an integer >= 0 (default 0)")
     parser.add_argument("--preset", default=None, help="game preset (default: the game's own)")
     parser.add_argument("--oracle", action="store_true", help="watch the oracle solve the game")
-    parser.add_argument("--delay", type=float, default=0.0,
+    parser.add_argument("--delay", type=non_negative_float, default=0.0,
                         help="seconds between oracle moves or model turns")
     parser.add_argument("--constrained", action="store_true",
                         help="take only valid actions (as constrained decoding does): a person's "
@@ -51,9 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--agent-preset", default=None,
                        help="agent preset (prompts, limits) the model plays with (default: the "
                             "game's first in configs/agents.yaml matching --preset)")
-    model.add_argument("--temperature", type=float, default=0.0,
+    model.add_argument("--temperature", type=non_negative_float, default=0.0,
                        help="sampling temperature (default 0: greedy)")
-    model.add_argument("--max-new-tokens", type=int, default=None,
+    model.add_argument("--max-new-tokens", type=positive_int, default=None,
                        help="cap on one reply's tokens (default: the preset's)")
     model.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="where the model runs (default auto)")

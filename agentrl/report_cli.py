@@ -46,7 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out=None) -> int:
     from agentrl.report import write_report
 
+    from agentrl.eval_cli import writable_path
+    from agentrl.report.data import read_eval_file
+
     out = out or sys.stdout
+    for reference in args.reference:  # checked before references are played
+        read_eval_file(reference, "--reference")
+    if args.out is not None:
+        writable_path(args.out, "--out")
+    if args.screenshot is not None:
+        writable_path(args.screenshot, "--screenshot")
     options = {}
     if not _is_file(args.source):
         options = {"reference_files": args.reference,

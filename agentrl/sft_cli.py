@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_to_run(args)
+    config = config_to_run(args, _no_ppo_overrides)
     if config is None:
         return 0
     if config.backend == "verl":
@@ -58,3 +58,11 @@ def run(args: argparse.Namespace) -> int:
     print(f"  checkpoint: {result.checkpoint}")
     print(f"  next: agentrl train model={result.checkpoint}")
     return 0
+
+
+def _no_ppo_overrides(config) -> None:
+    """``verl.overrides`` are keys of verl's PPO trainer: neither SFT trainer reads them."""
+    if config.verl.overrides:
+        raise ValueError(f"verl.overrides={list(config.verl.overrides)} are keys of verl's PPO "
+                         "trainer, which agentrl sft does not run; allowed: none here (the "
+                         "sft section sets the SFT trainer; verl.overrides go to agentrl train)")

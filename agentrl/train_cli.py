@@ -11,18 +11,35 @@ Keys and defaults: configs/base.yaml (every key documented there). The run write
 checkpoints, metrics.jsonl, WandB files and learning_curves.png under `run_dir`
 (default runs/<project>/<experiment>); running the same command again resumes it.
 `backend=verl` (the GPU hardware presets set it) hands the run to verl's own trainer:
-see agentrl/verl/launch.py and docs/HARDWARE.md.
+see agentrl/verl/launch.py and docs/HARDWARE.md. It needs vLLM: `hardware=cpu-verl` finds vLLM's
+CPU build in the venv `bash env_setup.sh --verl-cpu` made ($AGENTRL_VERL_CPU_PYTHON, else
+$AGENTRL_VERL_CPU_VENV/bin/python, else <checkout>/.venv-verl-cpu/bin/python) and re-runs the
+command with that Python; without one it stops before anything starts and says what to run.
+
+Before the model loads, a resume is checked (agentrl/trainers/checkpoint.py): a damaged newest
+checkpoint is skipped with a warning, a run whose checkpoints are all damaged is not started
+over, and a changed training config or a `train.total_steps` below the checkpoint's step is
+refused (`resume_config_changes=allow` goes on with a changed config).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import logging
+import os
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 import yaml
 
+import agentrl
 from agentrl.config import compose_config
+
+VERL_CPU_VENV = ".venv-verl-cpu"
+REEXEC_ENV = "AGENTRL_REEXECUTED"
 
 
 def add_config_arguments(parser: argparse.ArgumentParser, example: str, dry_run_help: str
@@ -35,10 +52,14 @@ def add_config_arguments(parser: argparse.ArgumentParser, example: str, dry_run_
     parser.add_argument("--dry-run", action="store_true", help=dry_run_help)
 
 
-def config_to_run(args: argparse.Namespace) -> Any | None:
-    """The composed, validated config; None once printed (``--print-config``, or ``--dry-run``
-    with the local backend, which has nothing else to show)."""
+def config_to_run(args: argparse.Namespace, check: Callable[[Any], None] | None = None
+                  ) -> Any | None:
+    """The composed, validated config (``check`` raises on what the command cannot use); None
+    once printed (``--print-config``, or ``--dry-run`` with the local backend, which has
+    nothing else to show)."""
     config = compose_config(args.overrides)
+    if check is not None:
+        check(config)
     if args.print_config or (args.dry_run and config.backend == "local"):
         print(yaml.safe_dump(config.to_dict(), sort_keys=False), end="")
         return None
@@ -59,9 +80,14 @@ def run(args: argparse.Namespace) -> int:
     if config.backend == "verl":
         from agentrl.verl.launch import launch
 
+        check_override_types(config.verl.overrides)
+        if not args.dry_run:
+            _find_vllm(config, args)
         return launch(config, dry_run=args.dry_run)
+    from agentrl.trainers.checkpoint import resume_checkpoint
     from agentrl.trainers.local import LocalTrainer
 
+    resume_checkpoint(config.run_dir, config.resume, config.to_dict())  # before the model loads
     trainer = LocalTrainer(config)
     try:
         result = trainer.fit()
@@ -73,3 +99,68 @@ def run(args: argparse.Namespace) -> int:
     if result.plot is not None:
         print(f"  plot:       {result.plot}")
     return 0
+
+
+def _find_vllm(config: Any, args: argparse.Namespace) -> None:
+    """verl's rollout needs vLLM. On a CPU (``hardware=cpu-verl``) it lives in the venv of
+    ``env_setup.sh --verl-cpu``: re-run this command there; else say what to run."""
+    if importlib.util.find_spec("vllm") is not None:
+        return
+    command = ["-m", "agentrl.cli", "train", *args.overrides]
+    if config.device != "cpu":
+        raise ValueError(f"backend=verl needs vLLM, which {sys.executable} lacks; allowed: "
+                         "install the GPU stack (bash env_setup.sh --gpu), or hardware=cpu "
+                         "(the local engine)")
+    python = verl_cpu_python()
+    if python is not None and os.environ.get(REEXEC_ENV) is None:
+        print(f"vLLM's CPU build is in {python.parent.parent}: running "
+              f"{python} {' '.join(command)}", file=sys.stderr, flush=True)
+        os.environ[REEXEC_ENV] = "1"
+        os.execv(python, [str(python), *command])
+    raise ValueError(f"hardware=cpu-verl needs vLLM's CPU build, which {sys.executable} lacks; "
+                     "allowed: bash env_setup.sh --verl-cpu (then this command re-runs itself "
+                     f"with {VERL_CPU_VENV}/bin/python), or hardware=cpu (the local engine)")
+
+
+def verl_cpu_python() -> Path | None:
+    """The Python of the ``env_setup.sh --verl-cpu`` venv, if there is one."""
+    named = os.environ.get("AGENTRL_VERL_CPU_PYTHON")
+    venv = os.environ.get("AGENTRL_VERL_CPU_VENV",
+                          str(Path(agentrl.__file__).resolve().parents[1] / VERL_CPU_VENV))
+    for candidate in (named, str(Path(venv) / "bin" / "python")):
+        if candidate and Path(candidate).is_file() and Path(candidate) != Path(sys.executable):
+            return Path(candidate)
+    return None
+
+
+def check_override_types(overrides: Sequence[str]) -> None:
+    """Each raw ``verl.overrides`` value has the type of the verl default it replaces (verl's
+    own checks let ``ppo_epochs=abc`` through to the run)."""
+    if not overrides:
+        return
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+    from omegaconf import OmegaConf
+
+    from agentrl.verl.launch import compose_verl_config
+
+    defaults = compose_verl_config([], validate=False)
+    for override in OverridesParser.create().parse_overrides(list(overrides)):
+        default = OmegaConf.select(defaults, override.key_or_group, default=None)
+        value = override.value()
+        if not _fits(default, value):
+            kind = {bool: "true or false", int: "an integer"}.get(type(default), "a number")
+            raise ValueError(f"verl.overrides: {override.input_line!r} gives "
+                             f"{override.key_or_group} (default {default!r}) the value "
+                             f"{value!r}; allowed: {kind}")
+
+
+def _fits(default: Any, value: Any) -> bool:
+    """A number or a flag of verl's config stays one (null and interpolations pass)."""
+    if value is None or (isinstance(value, str) and value.startswith("${")):
+        return True
+    if isinstance(default, bool):
+        return isinstance(value, bool)
+    if isinstance(default, (int, float)):
+        return (isinstance(value, (int, float)) and not isinstance(value, bool)
+                and (isinstance(default, float) or isinstance(value, int)))
+    return True

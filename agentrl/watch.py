@@ -102,13 +102,11 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     import dataclasses
 
     from agentrl.engines import BatchingLLM, SamplingParams
-    from agentrl.eval_cli import model_path
-    from agentrl.models import load_model
+    from agentrl.eval_cli import check_device, load_named_model
     from agentrl.rollout import run_episode
 
     name, config = agent_preset_for(args.game, args.agent_preset, args.preset)
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
+    check_device(args.device)
     say = lambda text="": print(text, file=out, flush=True)  # noqa: E731
 
     def wait() -> None:
@@ -120,7 +118,7 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
         elif args.delay > 0:
             time.sleep(args.delay)
 
-    model, tokenizer = load_model(model_path(args.model), device=args.device)
+    model, tokenizer = load_named_model(args.model, device=args.device)
     llm = BatchingLLM(model, tokenizer, max_batch=1, seed=args.seed)
     sampling = SamplingParams(greedy=args.temperature == 0, temperature=args.temperature or 1.0,
                               max_new_tokens=config.max_response_tokens,

@@ -10,7 +10,10 @@ hydra's override grammar: ``group=option`` picks a preset (``hardware=cpu``, ``m
 ``a.b=value`` sets a key, ``+a.b=value`` adds one (and then fails validation, naming the key).
 ``agents.<preset>.<key>=value`` sets a preset's key even where the preset takes it from
 ``preset_defaults`` (it is passed to hydra as ``++agents...``, add-or-override); the agent layer
-then rejects an unknown key or preset with its own message.
+then rejects an unknown key or preset with its own message. ``model=<path>`` with an existing
+path that names no preset (a model folder, a checkpoint, a PPO or ``agentrl sft`` run folder)
+becomes ``model.name=<its model folder>``, verified
+(:func:`agentrl.trainers.checkpoint.model_folder`): the hand-off ``agentrl sft`` prints.
 
 The config folder is ``config_dir`` when given, else ``$AGENTRL_CONFIGS`` when set, else the
 checkout's ``configs/`` (found from the package, which works for the editable install; a wheel
@@ -52,10 +55,15 @@ def compose_config(overrides: Sequence[str] = (), config_dir: str | Path | None 
         raise ValueError(f"no {CONFIG_NAME}.yaml in the config folder {folder}; pass config_dir "
                          f"or set {CONFIGS_ENV} to a folder holding the project's configs/")
     given = [overrides] if isinstance(overrides, str) else list(overrides)
+    given = [_model_path(override, folder) for override in given]
     data = _compose([_agents_add_or_override(override) for override in given], folder)
     if data.get("agents_file") is not None:
         _use_agents_file(data, given)
-    return build_config(data)
+    config = build_config(data)
+    if config.run_dir.exists() and not config.run_dir.is_dir():
+        raise ValueError(f"run_dir={str(config.run_dir)!r} is a file; allowed: a folder (made "
+                         "if missing), or null for runs/<project>/<experiment>")
+    return config
 
 
 def group_options(folder: Path, group: str) -> list[str]:
@@ -78,7 +86,29 @@ def _compose(overrides: list[str], folder: Path) -> dict[str, Any]:
     except (HydraException, OmegaConfBaseException) as error:
         message = str(error).split("\nConfig search path:")[0].strip()  # hydra's, less noise
         hints = [hint for override in overrides if (hint := _override_hint(override, folder))]
-        raise ValueError("\n".join([f"bad config override: {message}", *hints])) from None
+        # one line: what is allowed where we know it, else hydra's own words
+        raise ValueError(f"bad config override: {'; '.join(hints) or ' '.join(message.split())}"
+                         ) from None
+
+
+def _model_path(override: str, folder: Path) -> str:
+    """``model=<existing path>`` -> ``model.name=<its model folder>``; a path-like value that
+    does not exist fails here, naming both what it is not and what is allowed."""
+    if _override_key(override) != "model" or override[:1] in "+~" or "=" not in override:
+        return override
+    value = override.split("=", 1)[1].strip()
+    if value in group_options(folder, "model"):
+        return override
+    path = Path(value).expanduser()
+    if not path.exists() and "/" not in value and not value.startswith((".", "~")):
+        return override  # a mistyped preset: hydra's message lists the presets
+    from agentrl.trainers.checkpoint import model_folder
+
+    try:
+        return f"model.name={model_folder(path.resolve())}"
+    except ValueError as error:
+        raise ValueError(f"model={value!r} is neither a model preset "
+                         f"{group_options(folder, 'model')} nor a usable path: {error}") from None
 
 
 def _agents_add_or_override(override: str) -> str:
@@ -96,6 +126,18 @@ def _use_agents_file(data: dict[str, Any], overrides: list[str]) -> None:
         raise ValueError(f"overrides {edits} change configs/agents.yaml, but agents_file="
                          f"{data['agents_file']!r} replaces it; allowed: edit that file, or "
                          "drop agents_file")
+    path = Path(data["agents_file"]).expanduser()
+    if path.is_file():
+        import yaml
+
+        try:
+            yaml.safe_load(path.read_text())
+        except (yaml.YAMLError, UnicodeDecodeError) as error:
+            where = getattr(error, "problem_mark", None)
+            at = f" at line {where.line + 1}" if where is not None else ""
+            raise ValueError(f"agents_file={str(path)!r} is not valid YAML{at} "
+                             f"({getattr(error, 'problem', None) or error}); allowed: an agent "
+                             "presets file like configs/agents.yaml") from None
     data["agents"] = None
 
 

@@ -46,7 +46,8 @@ def write_report(source: str | Path, out: str | Path | None = None, **options: A
     source = Path(source)
     if out is None:
         out = source.with_suffix(".html") if source.is_file() else source / REPORT_FILE
+    page = render_page(report_data(source, **options))  # a bad source makes no folder
     out = Path(out)
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(render_page(report_data(source, **options)), encoding="utf-8")
+    out.write_text(page, encoding="utf-8")
     return out

@@ -27,7 +27,7 @@ from typing import Any
 from agentrl.trainers.episode_log import read_episodes, step_files
 from agentrl.trainers.tracking import read_metrics
 
-__all__ = ["CURVE_SUFFIXES", "TRAINER_KEYS", "eval_data", "run_data", "spread"]
+__all__ = ["CURVE_SUFFIXES", "TRAINER_KEYS", "eval_data", "read_eval_file", "run_data", "spread"]
 
 CURVE_SUFFIXES = ("success", "return", "format_error", "action_is_valid", "turns",
                   "response_length")
@@ -120,11 +120,11 @@ def read_references(paths: Iterable[str | Path]) -> dict[str, dict[str, dict[str
     the random or oracle policy (other policies' files are skipped)."""
     references: dict[str, dict[str, dict[str, Any]]] = {}
     for path in paths:
-        data = json.loads(Path(path).read_text())
+        data = read_eval_file(path, "--reference")
         policy = data.get("policy")
         if policy not in REFERENCE_POLICIES:
             continue
-        for preset, row in data.get("presets", {}).items():
+        for preset, row in data["presets"].items():
             references.setdefault(preset, {})[policy] = {
                 "success": _round(row.get("success")), "return": _round(row.get("return")),
                 "source": Path(path).name}
@@ -198,7 +198,11 @@ def run_data(run_dir: str | Path, *, reference_files: Iterable[str | Path] = (),
     run = {}
     if (run_dir / "run.json").is_file():
         run = json.loads((run_dir / "run.json").read_text())
-    records = read_metrics(run_dir / "metrics.jsonl")
+    try:
+        records = read_metrics(run_dir / "metrics.jsonl")
+    except (TypeError, ValueError) as error:  # a line not of agentrl's metrics
+        raise ValueError(f"{error}; allowed: metrics.jsonl as agentrl train writes it (one "
+                         "JSON object a line, each with an integer 'step')") from None
     series = _curves(records)
     presets = _presets(series, config)
     references = read_references(reference_files)
@@ -218,12 +222,30 @@ def run_data(run_dir: str | Path, *, reference_files: Iterable[str | Path] = (),
             "episode_steps_total": len(step_files(run_dir))}
 
 
+def read_eval_file(path: str | Path, flag: str = "") -> dict[str, Any]:
+    """An ``agentrl eval --out`` file's JSON, checked: an object whose ``presets`` maps each
+    preset to an object of its metrics. ``ValueError`` naming the file (and ``flag``)."""
+    path = Path(path)
+    name = f"{flag} {path}".strip()
+    allowed = "allowed: a JSON file `agentrl eval --out` wrote"
+    try:
+        data = json.loads(path.read_text())
+    except OSError as error:
+        raise ValueError(f"{name}: cannot be read ({error.strerror}); {allowed}") from None
+    except (ValueError, UnicodeDecodeError) as error:
+        raise ValueError(f"{name} is not JSON ({error}); {allowed}") from None
+    presets = data.get("presets") if isinstance(data, dict) else None
+    if not isinstance(presets, dict) or not all(isinstance(r, dict) for r in presets.values()):
+        raise ValueError(f"{name} is not an `agentrl eval --out` file ('presets' is "
+                         f"{type(presets).__name__}, not an object of per-preset metrics); "
+                         f"{allowed}")
+    return data
+
+
 def eval_data(path: str | Path) -> dict[str, Any]:
     """The page data of an ``agentrl eval --out`` file: its table and its episodes."""
     path = Path(path)
-    data = json.loads(path.read_text())
-    if not isinstance(data, dict) or "presets" not in data:
-        raise ValueError(f"{path} is not an `agentrl eval --out` file (no 'presets')")
+    data = read_eval_file(path)
     presets = list(data["presets"])
     table = []
     for preset, row in data["presets"].items():

@@ -347,9 +347,7 @@ def newest_intact_checkpoint(checkpoints: str | Path) -> Path | None:
         log.warning("checkpoint %s is damaged (%s): skipped, trying an older one", folder, problem)
         damaged.append(f"{folder.name} ({problem})")
     if damaged:
-        raise ValueError(f"no intact checkpoint in {root}: {'; '.join(damaged)}. Nothing was "
-                         "started (a new run there would overwrite its history); allowed: "
-                         "resume=<an intact checkpoint folder>, or another run_dir")
+        raise ValueError(f"no intact checkpoint in {root}: {'; '.join(damaged)}")
     return None
 
 
@@ -362,7 +360,12 @@ def resume_checkpoint(run_dir: str | Path, resume: str | Path | None,
     if resume is None or resume == "never":
         return None
     if resume == "auto":
-        path = newest_intact_checkpoint(Path(run_dir) / CHECKPOINTS_DIR)
+        try:
+            path = newest_intact_checkpoint(Path(run_dir) / CHECKPOINTS_DIR)
+        except ValueError as error:
+            raise ValueError(f"{error}. Nothing was started (a new run there would overwrite "
+                             "its history); allowed: resume=<an intact checkpoint folder>, or "
+                             "another run_dir") from None
     else:
         path = Path(resume)
         if (problem := checkpoint_problem(path)) is not None:

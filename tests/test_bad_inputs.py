@@ -1,0 +1,125 @@
+"""Bad inputs on the command line: each gets exit code 2 and one message naming what was wrong
+and what is allowed, never a traceback, and before anything slow starts.
+
+The commands run in-process through :func:`agentrl.cli.main` (argparse's ``error`` exits 2 with
+``agentrl <command>: error: <message>`` on stderr); the files they read are made here.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from agentrl import cli
+
+
+def _fixtures(root: Path) -> dict[str, str]:
+    """Files and folders the bad inputs point at, by name (``{name}`` in the table)."""
+    (root / "empty").mkdir()
+    (root / "a_file").write_text("not a folder\n")
+    (root / "not_json").write_text("{ this is not json\n")
+    (root / "presets_list").write_text(json.dumps({"presets": ["a", "b"]}))
+    (root / "presets_null").write_text(json.dumps({"presets": None}))
+    (root / "no_presets").write_text(json.dumps({"policy": "random", "success": 0.5}))
+    (root / "bad_yaml").write_text("simpleAgent: {game: Sokoban\n  - : [\n")
+    run = root / "run_no_step"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"val/x/success": 0.5}) + "\n")
+    run_ok = root / "run_ok"
+    run_ok.mkdir()
+    (run_ok / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/x/success": 0.5}) + "\n")
+    sft_run = root / "sft_run" / "sft" / "checkpoints" / "step_000001"
+    sft_run.mkdir(parents=True)  # a run folder whose only checkpoint has no marker: damaged
+    (sft_run / "actor").mkdir()
+    return {name: str(root / name) for name in
+            ("empty", "a_file", "not_json", "presets_list", "presets_null",
+             "no_presets", "bad_yaml", "run_no_step", "run_ok", "sft_run")} | {
+        "missing": str(root / "missing")}
+
+
+# (command line, a fragment the message must hold)
+CASES = [
+    # agentrl eval
+    ("eval --model {empty}", "--model"),
+    ("eval --model {missing}", "--model"),
+    ("eval --model {sft_run}", "no intact checkpoint"),
+    ("eval --model {a_file}", "--model"),
+    ("eval --out {empty} --policy random --presets banditAgent --groups 1", "--out"),
+    ("eval --out {a_file}/x/y.json --policy random --presets banditAgent --groups 1",
+     "--out"),
+    ("eval --policy random --temperature -1", "--temperature"),
+    ("eval --model tiny --device cuda", "--device cuda"),
+    ("eval --model nosuch/model/x", "--model"),
+    ("eval --policy random --compare enable_think=true --plot {a_file}/x.png", "--plot"),
+    ("eval --policy random --temperature nan", "--temperature"),
+    ("eval --presets nosuchAgent", "allowed"),
+    ("eval --groups 0", "--groups"),
+    ("eval --compare enable_think", "KEY=VALUE"),
+    # agentrl play
+    ("play sokoban --seed -5", "--seed"),
+    ("play sokoban --oracle --delay -1", "--delay"),
+    ("play sokoban --preset nosuch", "preset"),
+    ("play chess", "allowed"),
+    ("play sokoban --model tiny --temperature -2", "--temperature"),
+    ("play sokoban --model tiny --max-new-tokens 0", "--max-new-tokens"),
+    ("play sokoban --model {empty}", "--model"),
+    ("play sokoban --model tiny --device cuda", "--device cuda"),
+    # agentrl report
+    ("report {missing}", "no such run folder"),
+    ("report {empty}", "not a run folder"),
+    ("report {not_json}", "not_json"),
+    ("report {presets_list}", "presets"),
+    ("report {presets_null}", "presets"),
+    ("report {run_no_step} --no-play-references", "step"),
+    ("report {run_ok} --no-play-references --reference {missing}", "--reference"),
+    ("report {run_ok} --no-play-references --reference {no_presets}", "presets"),
+    ("report {run_ok} --no-play-references --reference {not_json}", "not_json"),
+    ("report {presets_list} --out {a_file}/x/r.html", "--out"),
+    ("report {presets_list} --screenshot {empty}", "--screenshot"),
+    # agentrl train / sft / make-data (config)
+    ("train --print-config agents_file={bad_yaml}", "agents_file"),
+    ("train --print-config agents_file={missing}", "agents_file"),
+    ("train --print-config run_dir={a_file}", "run_dir"),
+    ("train --print-config model={missing}", "model"),
+    ("train --print-config model={empty}", "model"),
+    ("train --print-config model={sft_run}", "no intact checkpoint"),
+    ("train --print-config model=nosuchpreset", "allowed model presets"),
+    ("train --print-config resume={missing}", "resume"),
+    ("train --print-config resume_config_changes=maybe", "resume_config_changes"),
+    ("train --print-config train.total_steps=-1", "train.total_steps"),
+    ("train --print-config train.grop_num=3", "unknown key 'train.grop_num'"),
+    ("train --dry-run backend=verl hardware=a100 model=qwen_halfb "
+     "\"verl.overrides=['actor_rollout_ref.actor.ppo_epochs=abc']\"", "ppo_epochs"),
+    ("train --dry-run backend=verl hardware=a100 model=qwen_halfb "
+     "\"verl.overrides=['actor_rollout_ref.actor.use_dynamic_bsz=3']\"", "true or false"),
+    ("sft --print-config \"verl.overrides=['trainer.total_epochs=2']\"", "verl.overrides"),
+    ("make-data --out {a_file}/x/data train.total_steps=1 train.group_num=1", "--out"),
+    ("make-data --out {a_file} train.total_steps=1 train.group_num=1", "--out"),
+    # the others
+    ("bench nosuchbench", "allowed"),
+    ("nosuchcommand", "invalid choice"),
+]
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory):
+    root = tmp_path_factory.mktemp("bad_inputs")
+    return _fixtures(root)
+
+
+@pytest.mark.parametrize("line, fragment", CASES, ids=[c[0][:60] for c in CASES])
+def test_a_bad_input_exits_2_with_one_message(line, fragment, files, capsys, monkeypatch,
+                                              tmp_path):
+    import shlex
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(shlex.split(line.format(**files)))
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2, err
+    assert "Traceback" not in err
+    message = err.strip().splitlines()[-1]
+    assert "error:" in message and fragment in message, err

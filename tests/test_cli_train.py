@@ -1,0 +1,61 @@
+"""`agentrl train` from the command line: the warm start's hand-off, and resumes that must not
+silently go wrong."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+import yaml
+
+from agentrl import cli
+
+TINY_RUN = ["train.presets=[banditAgent]", "val.presets=[banditAgent]", "val.group_num=1",
+            "train.group_num=1", "train.group_size=2", "rollout.max_new_tokens=8", "threads=1",
+            "trainer.logger=[]", "trainer.plot=false"]
+
+
+def _printed_next_command(out: str) -> list[str]:
+    line = next(line for line in out.splitlines() if line.strip().startswith("next: "))
+    return shlex.split(line.strip().removeprefix("next: "))
+
+
+def test_the_command_agentrl_sft_prints_trains_from_its_checkpoint(tmp_path, capsys,
+                                                                   monkeypatch, one_torch_thread):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["sft", "model=tiny", "run_dir=warm", "sft.presets=[banditAgent]",
+                     "sft.episodes=2", "sft.epochs=1", "sft.mini_batch_size=2",
+                     "val.group_num=1", "val.presets=[banditAgent]",
+                     "threads=1", "rollout.max_new_tokens=8"]) == 0
+    command = _printed_next_command(capsys.readouterr().out)
+    assert command[:2] == ["agentrl", "train"]
+    checkpoint = tmp_path / "warm" / "sft" / "checkpoints" / "step_000001"
+
+    assert cli.main([*command[1:], "--print-config"]) == 0
+    printed = yaml.safe_load(capsys.readouterr().out)
+    assert printed["model"]["name"] == str(checkpoint / "actor")
+    assert cli.main([*command[1:], "run_dir=ppo", "train.total_steps=1", *TINY_RUN]) == 0
+    assert (tmp_path / "ppo" / "checkpoints" / "step_000001" / "COMPLETE").is_file()
+
+    for folder in ("warm", "warm/sft", str(checkpoint)):  # run folders name the same model
+        assert cli.main(["train", f"model={folder}", "--print-config"]) == 0
+        assert yaml.safe_load(capsys.readouterr().out)["model"]["name"] == str(checkpoint / "actor")
+
+
+@pytest.mark.parametrize("change, message", [
+    ("actor.lr=3e-4", "actor.lr: 1e-05 -> 0.0003"),
+    ("train.presets=[banditAgent,simpleSokobanAgent]", "train.presets: ['banditAgent'] -> "),
+])
+def test_a_resume_that_would_change_the_run_stops_before_the_model_loads(
+        tmp_path, capsys, monkeypatch, change, message, one_torch_thread):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run = ["train", "model=tiny", f"run_dir={tmp_path}", "train.total_steps=2",
+           "val.test_freq=0", "val.before_train=false", "actor.lr=1e-5", *TINY_RUN]
+    assert cli.main(run) == 0
+    with pytest.raises(SystemExit) as stopped:
+        cli.main([*run, change])
+    assert stopped.value.code == 2 and message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli.main([*run, "train.total_steps=1"])
+    assert "train.total_steps=1 is below step 2" in capsys.readouterr().err
