@@ -27,9 +27,11 @@
 # On the verl backend, 2-4 and 12 default to the hardware preset's values, 11 to qwen_halfb,
 # 13 to 0 (verl's SFT is its own command: agentrl sft backend=verl).
 # Anything after them is a hydra key=value override of configs/base.yaml, passed through.
-# `--dry-run` (anywhere): print the verl config and command this would run, validated, and stop.
+# `--dry-run` (anywhere): print what this would run and stop: the resolved config of a local run,
+# or verl's config and command, validated. `--help`: this text.
 #
-# Set-up (env_setup.sh, idempotent; --gpu where nvidia-smi sees a GPU) runs first. Then:
+# Arguments are checked first; then set-up (env_setup.sh, idempotent; --gpu where nvidia-smi
+# sees a GPU) runs. Relative paths (run_dir=..., a model folder) are the caller's. Then:
 # - GPUS=0: the local engine on the CPU preset (configs/hardware/cpu.yaml), the defaults above;
 # - GPUS>0 with verl and vLLM installed: verl (FSDP + vLLM + Ray) on the GPU's hardware preset
 #   (a100, h100, l40; HARDWARE=... chooses), verl.n_gpus_per_node=GPUS_PER_NODE and
@@ -39,8 +41,8 @@
 # It prints where the checkpoints, metrics and plot are. Running the same command again resumes
 # the run from its newest checkpoint. Argument handling: scripts/positional_args.sh.
 set -euo pipefail
-cd "$(dirname "$0")"
-source scripts/positional_args.sh
+source "$(dirname "$0")/scripts/positional_args.sh"
+check_positional_args "$@"
 setup_environment
 
 if has_cuda; then DEFAULT_GPUS=1; else DEFAULT_GPUS=0; fi

@@ -1,8 +1,8 @@
 # Shared by examples/<game>_ppo/<model>.sh, which set the game's presets and the model, then
 # source this: set-up, then the positional arguments exactly as quick_train.sh takes them
 # (scripts/positional_args.sh), with the presets' sizes as defaults (configs/hardware/).
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-source scripts/positional_args.sh
+source "$(dirname "${BASH_SOURCE[0]}")/../scripts/positional_args.sh"
+check_positional_args "$@"
 setup_environment
 
 # GPUs: every GPU of a running Ray cluster (`ray start` on each node first: two nodes of 8 are

@@ -3,8 +3,12 @@
 #
 #   DEFAULT_TRAIN_PRESETS="[simpleSokobanAgent]" DEFAULT_MODEL=qwen_3b
 #   source scripts/positional_args.sh
+#   check_positional_args "$@"         # --help, and bad arguments, before anything slow
 #   setup_environment                  # env_setup.sh, with --gpu on a machine with NVIDIA GPUs
 #   train_from_positional_args "$@"    # exec's agentrl train
+#
+# Nothing changes the working folder: a relative run_dir=, agents_file= or model path is the
+# caller's (env_setup.sh runs in the checkout, in a subshell).
 #
 # The arguments, in this order ("" or a missing one keeps the default):
 #    1 GPUS            2 GROUP_NUM       3 GROUP_SIZE      4 VAL_GROUP_NUM
@@ -14,8 +18,9 @@
 #                       train.sft_steps = SFT_STEPS, train.total_steps = TOTAL_STEPS + SFT_STEPS)
 # then key=value overrides of configs/base.yaml, passed through last (so they win); the first
 # argument with a '=' starts them, so arguments left out at the end keep their defaults.
-# `--dry-run`, anywhere: print the verl config and command that would run, validated, and stop
-# (it always plans the verl backend, and runs on a machine without a GPU).
+# `--dry-run`, anywhere: print what would run and stop: the local backend's resolved config, or
+# verl's config and command, validated (GPUS > 0 on a machine without a GPU plans verl).
+# `--help` / `-h`, anywhere: the calling script's header comment.
 #
 # Backend: GPUS > 0 with verl and vLLM installed -> verl, on the hardware preset named by
 # $HARDWARE or by the GPU (80 GB and more: H100/H200/H800 -> h100, others -> a100; less: l40,
@@ -45,8 +50,40 @@ has_verl_gpu_stack() {
 }
 visible_gpus() { if has_nvidia_gpu; then nvidia-smi -L | grep -c '^GPU'; else echo 0; fi; }
 
-setup_environment() {
-  if has_nvidia_gpu; then bash "$AGENTRL_ROOT/env_setup.sh" --gpu; else bash "$AGENTRL_ROOT/env_setup.sh"; fi
+setup_environment() {  # in the checkout (env_setup.sh keeps its venvs there), in a subshell
+  if has_nvidia_gpu; then (cd "$AGENTRL_ROOT" && bash env_setup.sh --gpu)
+  else (cd "$AGENTRL_ROOT" && bash env_setup.sh); fi
+}
+
+# The calling script's header comment (from line 2 to `set -euo pipefail`).
+print_help() { sed -n '2,/^set -euo/p' "$0" | grep '^#' | sed -E 's/^# ?//'; }
+
+# --help, and what can be checked without Python: the number of positional arguments, whole
+# numbers. Exits (0 for --help, 2 with a message) before set-up runs.
+check_positional_args() {
+  local arg count=0 index=0 name
+  for arg in "$@"; do
+    if [[ $arg == -h || $arg == --help ]]; then print_help; exit 0; fi
+  done
+  for arg in "$@"; do
+    [[ $arg == --dry-run ]] && continue
+    [[ $arg == *=* ]] && break
+    if [[ $arg == -* && -n $arg ]]; then
+      positional_error "unknown option '$arg'; allowed: --dry-run, --help, ${#POSITIONAL_NAMES[@]}" \
+                       "positional arguments, then key=value overrides"
+    fi
+    count=$((count + 1))
+    if (( count > ${#POSITIONAL_NAMES[@]} )); then
+      positional_error "too many arguments: '$arg' is argument $count, but there are" \
+                       "${#POSITIONAL_NAMES[@]} positional ones (${POSITIONAL_NAMES[*]}); allowed" \
+                       "after them: key=value overrides"
+    fi
+    name=${POSITIONAL_NAMES[$index]}
+    index=$((index + 1))
+    if [[ $WHOLE_NUMBERS == *" $name "* && -n $arg && ! $arg =~ ^[0-9]+$ ]]; then
+      positional_error "$name must be a whole number, got '$arg'"
+    fi
+  done
 }
 
 # The hardware preset of this machine's first GPU (a100 without one: a dry run on a CPU),
@@ -99,10 +136,12 @@ train_from_positional_args() {
 
   local gpus=${given[GPUS]:-${DEFAULT_GPUS:-0}} backend
   [[ $gpus =~ ^[0-9]+$ ]] || positional_error "GPUS must be a whole number, got '$gpus'"
-  if (( ${#dry_run[@]} )) || { (( gpus > 0 )) && has_verl_gpu_stack; }; then
+  if (( gpus > 0 )) && has_verl_gpu_stack; then
     backend=verl
   elif (( gpus == 0 )) || { (( gpus == 1 )) && has_cuda; }; then
     backend=local
+  elif (( ${#dry_run[@]} )); then  # planning a GPU run on a machine without one
+    backend=verl
   else
     positional_error "GPUS=$gpus needs the verl backend (verl and vLLM: bash env_setup.sh --gpu)" \
                      "or one CUDA GPU for the local engine"
@@ -134,8 +173,8 @@ train_from_positional_args() {
     overrides+=(hardware=cpu device=cuda)  # the local engine on one GPU
   fi
   local model=${value[MODEL]}
-  if [[ -n $model ]]; then
-    if [[ -f $AGENTRL_ROOT/configs/model/$model.yaml ]]; then overrides+=("model=$model")
+  if [[ -n $model ]]; then  # a preset, a path (a model, checkpoint or run folder), a hub id
+    if [[ -f $AGENTRL_ROOT/configs/model/$model.yaml || -e $model ]]; then overrides+=("model=$model")
     else overrides+=("model.name=$model"); fi
   fi
   local sft_steps=${value[SFT_STEPS]:-0}

@@ -12,7 +12,7 @@ from agentrl import cli
 
 TINY_RUN = ["train.presets=[banditAgent]", "val.presets=[banditAgent]", "val.group_num=1",
             "train.group_num=1", "train.group_size=2", "rollout.max_new_tokens=8", "threads=1",
-            "trainer.logger=[]", "trainer.plot=false"]
+            "trainer.logger=[]", "trainer.plot=false", "val.before_train=false", "val.test_freq=0"]
 
 
 def _printed_next_command(out: str) -> list[str]:
@@ -20,6 +20,7 @@ def _printed_next_command(out: str) -> list[str]:
     return shlex.split(line.strip().removeprefix("next: "))
 
 
+@pytest.mark.slow  # SFT with its two evaluations, then a PPO step: ~40 s on 2 busy cores
 def test_the_command_agentrl_sft_prints_trains_from_its_checkpoint(tmp_path, capsys,
                                                                    monkeypatch, one_torch_thread):
     monkeypatch.setenv("WANDB_MODE", "disabled")
@@ -37,6 +38,7 @@ def test_the_command_agentrl_sft_prints_trains_from_its_checkpoint(tmp_path, cap
     assert printed["model"]["name"] == str(checkpoint / "actor")
     assert cli.main([*command[1:], "run_dir=ppo", "train.total_steps=1", *TINY_RUN]) == 0
     assert (tmp_path / "ppo" / "checkpoints" / "step_000001" / "COMPLETE").is_file()
+    capsys.readouterr()
 
     for folder in ("warm", "warm/sft", str(checkpoint)):  # run folders name the same model
         assert cli.main(["train", f"model={folder}", "--print-config"]) == 0
