@@ -61,3 +61,42 @@ def test_a_resume_that_would_change_the_run_stops_before_the_model_loads(
     with pytest.raises(SystemExit):
         cli.main([*run, "train.total_steps=1"])
     assert "train.total_steps=1 is below step 2" in capsys.readouterr().err
+
+
+def _vllm_here() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("vllm") is not None
+
+
+@pytest.mark.skipif(_vllm_here(), reason="this Python has vLLM: cpu-verl runs here")
+def test_cpu_verl_without_vllm_says_what_to_run_before_anything_starts(tmp_path, capsys,
+                                                                       monkeypatch):
+    monkeypatch.delenv("AGENTRL_VERL_CPU_PYTHON", raising=False)
+    monkeypatch.setenv("AGENTRL_VERL_CPU_VENV", str(tmp_path / "no-venv"))
+    with pytest.raises(SystemExit) as stopped:
+        cli.main(["train", "hardware=cpu-verl", "model=tiny_vllm", f"run_dir={tmp_path / 'run'}"])
+    err = capsys.readouterr().err
+    assert stopped.value.code == 2 and "bash env_setup.sh --verl-cpu" in err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(_vllm_here(), reason="this Python has vLLM: cpu-verl runs here")
+def test_cpu_verl_reruns_itself_with_the_venvs_python(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fake = tmp_path / "python"
+    fake.write_text(f'#!/bin/sh\necho "$@" > {tmp_path / "args"}\n')
+    fake.chmod(0o755)
+    env = {**os.environ, "AGENTRL_VERL_CPU_PYTHON": str(fake), "WANDB_MODE": "disabled"}
+    env.pop("AGENTRL_REEXECUTED", None)
+    done = subprocess.run([sys.executable, "-m", "agentrl.cli", "train", "hardware=cpu-verl",
+                           "model=tiny_vllm", "train.total_steps=2"], env=env, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "args").read_text().split() == [
+        "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
+        "train.total_steps=2"]
+    assert f"running {fake}" in done.stderr
