@@ -55,7 +55,8 @@ backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own siz
     DEFAULT_TRAIN_PRESETS="[tightBlocksworldTurnsAgent]" DEFAULT_VAL_PRESETS="[tightBlocksworldTurnsAgent]"
     DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
     DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=8 DEFAULT_SFT_STEPS=24
-    # each of 192 demonstrations seen once, 4 in a pass (their shared rules run once a pass);
+    # 8 demonstrations a step with all their context windows (~18 rows), each of 192 seen
+    # once; 4 rows in a forward/backward pass (their shared rules run once a pass);
     # validation before step 1, after the warm start and at the end
     DEFAULT_OVERRIDES=(sft.episodes=192 sft.micro_batch_size=4 val.test_freq=24)
   else
