@@ -7,7 +7,7 @@ import copy
 import io
 from dataclasses import dataclass
 
-from agentrl.envs.base import TextGameEnv, Transition, checked_int, resolve_preset, seeded_child
+from agentrl.envs.base import TextGameEnv, Transition, checked_int, resolve_preset
 
 PRESETS: dict[str, dict] = {
     # BabyAI GoToLocal / PickupLoc-like rooms (8 = 6x6 floor) with 0, 3 or 5 other objects.
@@ -221,7 +221,10 @@ class BabyAIEnv(TextGameEnv):
 
     ## Starting state
     minigrid's generator for the preset's level, seeded with the env seed itself (drawn from
-    ``np_random`` when reset has no seed), so train and held-out seeds give disjoint worlds.
+    ``np_random`` when reset has no seed). Small levels repeat worlds across seeds (an empty
+    room has only its start squares and headings), so a world whose instance key belongs to
+    another split than the seed's is redrawn from ``np_random`` (``TextGameEnv.reset``):
+    held-out worlds are never training worlds.
     ``goto``/``pickup``: BabyAI's GoToLocal room with the target and ``distractors`` other
     objects, mission "go to ..." / "pick up ...". ``empty``: MiniGrid's Empty room with a random
     start. ``doorkey``: MiniGrid's DoorKey (a key, a locked door, the goal behind it).
@@ -275,12 +278,17 @@ class BabyAIEnv(TextGameEnv):
 
     # -- game hooks ------------------------------------------------------------------------------
     def _new_game(self) -> None:
-        seed = self.episode_seed
-        self.game_seed = seed if seed is not None else seeded_child(self.np_random)
+        self.game_seed = self._draw_seed()
         with contextlib.redirect_stdout(io.StringIO()):  # BabyAI prints each rejected room
             self.world.reset(seed=self.game_seed)
         self._feedback = ""
         self._taken, self._plan = [], None
+
+    def instance_key(self) -> str:
+        """Mission, whole grid (walls, doors, objects) and the agent's start and heading."""
+        world = self.world
+        return (f"{world.mission}|{tuple(world.agent_pos)}|{world.agent_dir}|"
+                f"{world.grid.encode().tobytes().hex()}")
 
     def _step(self, action: str) -> Transition:
         index = _ACTION_INDEX.get(action)

@@ -136,6 +136,13 @@ class BanditEnv(TextGameEnv):
             values = self.np_random.random(len(self.arms))
             self.golden_arm = self.arms[int(np.argmax(values))]
 
+    instance_partition = "none"
+    """Too small to split (one instance, or one per arm): the Bandit checks the pipeline and
+    carries no held-out learning claim."""
+
+    def instance_key(self) -> str:
+        return f"{self.arms}->{self.golden_arm}"
+
     def _step(self, action: str) -> Transition:
         arm = self._by_key.get(action)
         if arm is None:

@@ -1,6 +1,6 @@
 """Shared plumbing for text games: untrusted action text, step budget, the `info` contract.
 
-A game subclasses :class:`TextGameEnv` and fills in five hooks. Everything a language model can
+A game subclasses :class:`TextGameEnv` and fills in six hooks. Everything a language model can
 get wrong (non-string, empty, huge, unicode, odd case or spacing) is absorbed here or in the
 game's ``_parse``: it becomes an invalid action handled by the game's own rule, never an
 exception.
@@ -16,8 +16,13 @@ from typing import Any
 import gymnasium
 from gymnasium.spaces import Text
 
+from agentrl.envs.splits import instance_split, split_of_or_none
+
 MAX_ACTION_CHARS = 256
 """Longer action text is cut before parsing: no command of any game is this long."""
+
+MAX_INSTANCE_DRAWS = 500
+"""Redraws a reset may take to land in its seed's split (~5 expected for a held-out split)."""
 
 MAX_OBSERVATION_CHARS = 1 << 16
 TEXT_CHARSET = frozenset(string.printable) | frozenset("√")
@@ -52,6 +57,14 @@ class TextGameEnv(gymnasium.Env):
     - ``valid_actions()``: the legal action strings in the current state.
     - ``oracle_plan()``: actions that solve the game from the current state (``None`` if none).
     - ``render()``: the current state as text.
+    - ``instance_key()``: what makes this game this game (room, start and goal, pieces,
+      world and mission) as text; equal keys mean the same instance, whatever the seed.
+
+    A reset with a seed of a split (``agentrl.envs.splits``) redraws ``_new_game`` until the
+    instance belongs to that split (``instance_split(instance_key())``), so held-out games are
+    never training instances. Draws after the first come from ``self.np_random``, which the
+    seed fixed: the same seed still gives the same game. A game whose instances cannot be
+    split says so with ``instance_partition`` (see there).
 
     Episodes are truncated after ``max_steps`` actions (``truncated=True``, never ``terminated``),
     so bootstrapping can tell a time limit from a solved or lost game.
@@ -65,6 +78,12 @@ class TextGameEnv(gymnasium.Env):
     prices a malformed reply below a whole turn of such actions, so breaking the format never
     pays better than acting; a game with negative rewards must lower it (the contract test
     checks it against random legal play)."""
+
+    instance_partition: str = "hash"
+    """How held-out games stay apart from training instances: ``"hash"`` (the instance key's
+    split must be the seed's split), ``"seed"`` (the generator's instance space is so large
+    that disjoint seeds suffice; the game's docstring says why), ``"none"`` (too small to split:
+    the game carries no held-out learning claim)."""
 
     def __init__(self, max_steps: int = 100, render_mode: str | None = "ansi"):
         if not isinstance(max_steps, int) or max_steps < 1:
@@ -80,6 +99,8 @@ class TextGameEnv(gymnasium.Env):
         self.success = False
         self.episode_seed: int | None = None
         """The seed of the last reset (None when reset drew one from entropy)."""
+        self.instance_draw = 0
+        """How many instances this reset drew before the one it plays (0: the first)."""
 
     # -- Gymnasium API -------------------------------------------------------------------------
     def reset(self, *, seed: int | None = None, options: dict | None = None) -> tuple[str, dict]:
@@ -88,8 +109,21 @@ class TextGameEnv(gymnasium.Env):
         self.num_steps = 0
         self.done = False
         self.success = False
-        self._new_game()
+        self._new_split_game(split_of_or_none(seed) if self.instance_partition == "hash" else None)
         return self._observation(), self._info(valid=True, effective=False)
+
+    def _new_split_game(self, split: str | None) -> None:
+        """A new game whose instance belongs to ``split`` (any instance for None)."""
+        self.instance_draw = 0
+        self._new_game()
+        while split is not None and instance_split(self.instance_key()) != split:
+            self.instance_draw += 1
+            if self.instance_draw >= MAX_INSTANCE_DRAWS:
+                raise RuntimeError(
+                    f"{type(self).__name__}: no instance of split {split!r} in "
+                    f"{MAX_INSTANCE_DRAWS} draws for seed {self.episode_seed}: the preset's "
+                    "instance space is too small to split; use a larger preset")
+            self._new_game()
 
     def step(self, action: Any) -> tuple[str, float, bool, bool, dict]:
         if self.done:
@@ -118,6 +152,17 @@ class TextGameEnv(gymnasium.Env):
 
     def oracle_plan(self) -> list[str] | None:
         raise NotImplementedError
+
+    def instance_key(self) -> str:
+        """The game instance as text (see the class docstring); read right after a reset."""
+        raise NotImplementedError
+
+    def _draw_seed(self) -> int:
+        """A seed for a library generator seeded per game: the episode's seed on a reset's
+        first draw, then children of ``np_random`` (redraws into the seed's split)."""
+        if self.episode_seed is not None and self.instance_draw == 0:
+            return self.episode_seed
+        return seeded_child(self.np_random)
 
     def _observation(self) -> str:
         """The text an agent sees; the board by default."""

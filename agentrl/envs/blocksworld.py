@@ -249,6 +249,10 @@ class BlocksWorldEnv(TextGameEnv):
         self.state = states[start]
         self.goal = states[goal + (goal >= start)]  # skip the start: uniform over the others
 
+    def instance_key(self) -> str:
+        """Start and goal arrangements: the same pair is the same game in every rendering."""
+        return f"{self.state}->{self.goal}"
+
     def _step(self, action: str) -> Transition:
         move = parse_move(action)
         if move is None:

@@ -345,6 +345,10 @@ class SokobanEnv(TextGameEnv):
             "use a larger room or fewer boxes"
         )
 
+    def instance_key(self) -> str:
+        """The room with its walls, targets, boxes and player: the whole starting state."""
+        return render_board(self.level, self.state)
+
     def _step(self, action: str) -> Transition:
         delta = _DELTA_BY_TEXT.get(action)
         before = self.state

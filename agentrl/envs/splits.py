@@ -1,13 +1,20 @@
-"""Which seeds and game variants are for training and which are held out.
+"""Which seeds, game instances and game variants are for training and which are held out.
 
-Seeds: every split owns a disjoint range, so a held-out episode never shares its seed (and hence
-its generated room, piece sequence, blocks instance or TextWorld game) with a training episode.
+Seeds: every split owns a disjoint range. Disjoint seeds are not enough where a game's instance
+space is small (3 000 training seeds give only 1 879 distinct 6x6 Sokoban rooms; 3-block
+BlocksWorld has 156 (start, goal) pairs), so the **instances** are partitioned too: each
+instance (room, start and goal, piece sequence, world and mission) has a key, the key's hash
+gives it one split (:func:`instance_split`, shares :data:`INSTANCE_SHARES`), and a game reset
+with a seed of one split redraws until its instance belongs to that split
+(:meth:`agentrl.envs.base.TextGameEnv.reset`). A held-out game is then never a training
+instance by construction, whatever the seeds.
 Variants: each game has training presets and harder held-out presets (bigger boards, more
 boxes, more blocks, longer quests) that training never sees.
 """
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 
 SEED_RANGES: dict[str, range] = {
@@ -41,6 +48,31 @@ def split_of(seed: int) -> str:
         if seed in seeds:
             return split
     raise ValueError(f"seed {seed} is in no split; ranges: {SEED_RANGES}")
+
+
+def split_of_or_none(seed: int | None) -> str | None:
+    """The split of ``seed``, or None for no seed or one outside every range (plain Gymnasium
+    use: any seed is allowed, and it constrains nothing)."""
+    if seed is None or not any(seed in seeds for seeds in SEED_RANGES.values()):
+        return None
+    return split_of(seed)
+
+
+INSTANCE_SHARES: dict[str, float] = {"train": 0.6, "val": 0.2, "test": 0.2}
+"""The share of every game's instance space each split owns. Held-out splits are large enough
+that a held-out reset redraws ~5 times on average (a millisecond for the generated games)."""
+
+
+def instance_split(key: str) -> str:
+    """The split that owns the instance with ``key``: a stable hash (the same on every machine
+    and Python), mapped onto :data:`INSTANCE_SHARES`."""
+    digest = hashlib.blake2b(key.encode(), digest_size=8).digest()
+    point = int.from_bytes(digest, "big") / 2**64
+    for split, share in INSTANCE_SHARES.items():
+        if point < share:
+            return split
+        point -= share
+    return split  # rounding at the top end
 
 
 @dataclass(frozen=True)

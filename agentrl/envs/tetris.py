@@ -325,6 +325,13 @@ class TetrisEnv(TextGameEnv):
                               self.max_steps + 1)
         self.state = self.game.start()
 
+    def instance_key(self) -> str:
+        """The pieces an episode can reach and their spawn columns: every locked piece fills
+        a cell and a cleared row ends the game, so no episode plays past ``width * height``."""
+        reach = self.dim_x * self.dim_y
+        game = self.game
+        return f"{game.width}x{game.height}:{game.pieces[:reach]}@{game.columns[:reach]}"
+
     def _step(self, action: str) -> Transition:
         move = _ACTION_BY_TEXT.get(action)
         if move is None:

@@ -15,7 +15,9 @@ import threading
 from collections import deque
 from functools import cache
 
-from agentrl.envs.base import TextGameEnv, Transition, normalize_action, resolve_preset
+from agentrl.envs.base import (
+    TextGameEnv, Transition, normalize_action, resolve_preset, seeded_child,
+)
 from agentrl.envs.splits import SEED_RANGES, split_of
 
 PRESETS: dict[str, dict] = {
@@ -133,8 +135,11 @@ class TextWorldExpressEnv(TextGameEnv):
     train, val -> dev, test -> test; the seed's offset in its split, modulo the fold's size,
     picks one of the fold's game seeds (``game_seed``). Held-out seeds thus play games of folds
     training never sees (CookingWorld and TextWorld Commonsense also keep objects apart by
-    fold). A reset without a seed draws one from ``np_random`` within the train split; a seed
-    outside every split range plays the train fold too.
+    fold). Folds do not keep small worlds apart (a third of CoinCollector's dev games are
+    train games), so a game whose instance key (task and opening text) belongs to another
+    split than the seed's is redrawn from another seed of the same fold
+    (``TextGameEnv.reset``). A reset without a seed draws one from ``np_random`` within the
+    train split; a seed outside every split range plays the train fold too.
 
     ## Rewards
     The increase of the game's score: 1 in all for CoinCollector, a fraction per step of the
@@ -210,6 +215,8 @@ class TextWorldExpressEnv(TextGameEnv):
         if seed is None:
             seed = int(self.np_random.integers(len(SEED_RANGES["train"])))
         split, offset = split_and_offset(seed)
+        if self.instance_draw:  # a redraw into the seed's split: another game of its fold
+            offset = seeded_child(self.np_random)
         self._fold = fold = FOLDS[split]
         self.game_seed = game_seed(offset, self._fold_seeds[fold])
         state = orjson.loads(self._server.generateNewGameJSON(self.game_seed, fold, True))
@@ -217,6 +224,11 @@ class TextWorldExpressEnv(TextGameEnv):
         self._gold = [str(action) for action in self._server.getGoldActionSequence()]
         self._history, self._gold_next = [], 0
         self._set_state(state)
+
+    def instance_key(self) -> str:
+        """Task and opening text (the package's gold path is not a function of the game: it
+        changes between calls, so it is left out)."""
+        return f"{self._task}|{self._feedback}"
 
     def _start(self) -> None:
         server = new_game_server()

@@ -132,7 +132,7 @@ def test_generated_games_are_valid_distinct_and_in_range(preset):
 def test_starts_cover_every_arrangement_roughly_evenly():
     env = gymnasium.make("agentrl/BlocksWorld-v0", min_blocks=3, max_blocks=3).unwrapped
     counts = Counter()
-    for seed in range(1300):
+    for seed in range(3_000_000, 3_001_300):  # outside the splits: the generator alone
         env.reset(seed=seed)
         counts[env.state] += 1
     assert set(counts) == set(all_states(3))
