@@ -378,7 +378,8 @@ class CriticConfig(Section):
     """Clip of the value update around the old values (in units of ``value_clip_scale``)."""
     value_clip_scale: Literal["returns", "absolute"] = "returns"
     """returns: the clip is ``cliprange_value * max(1, RMS of the step's returns)``, so returns
-    of +-10 move the critic as fast as returns of +-1; absolute: verl's (return units)."""
+    of +-10 move the critic as fast as returns of +-1 (on verl too: agentrl.verl.returns);
+    absolute: verl's own (return units)."""
     share_backbone: bool = False
     """Value head on the actor's backbone (saves a model's memory; the two losses interact)."""
     ppo_epochs: int | None = setting(None, at_least(1), "null or an integer >= 1")
@@ -669,7 +670,6 @@ class TrainConfig(Section):
             "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
             "rollout.norm_method": (self.rollout.norm_method, "identity"),
             "critic.share_backbone": (self.critic.share_backbone, False),
-            "critic.value_clip_scale": (self.critic.value_clip_scale, "absolute"),
             "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
             "train.sft_steps": (self.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`
         }

@@ -50,10 +50,16 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   V1 reads them through :meth:`GameAgentLoopOutput.as_dict`; the legacy trainer through
   :class:`GameAgentLoopWorker` (made by :class:`GameAgentLoopManager`). ``reward_score`` is
   the sum, so verl's reward loop is skipped and validation scores are episode returns.
-- **Metrics.** ``extra_fields["agentrl_episode"]`` carries the episode's ``EpisodeOutcome``;
+- **Metrics.** ``extra_fields["reward_extra_info"]`` carries the episode's success, return and
+  turns: verl's own validation reports them per preset (``val-aux/<preset>/success/mean@1``)
+  beside ``val-core/<preset>/reward`` (the sum of the rewards: the return, validation rows being
+  undiscounted). ``extra_fields["agentrl_episode"]`` carries the episode's ``EpisodeOutcome``;
   :class:`GameAgentLoopManager` logs every batch's ``train/<preset>/...`` or ``val/<preset>/...``
   metrics under the local engine's names (:mod:`agentrl.verl.metrics`). An episode the
-  response budget ended counts as ``context_exhausted``.
+  response budget ended counts as ``context_exhausted``, and is flagged
+  ``extra_fields["agentrl_truncated"]``: the legacy trainer's GAE bootstraps it from the
+  critic's last value instead of ending it (:mod:`agentrl.verl.returns`, patched in by
+  :class:`GameAgentLoopManager`).
 - **Episode records.** ``extra_fields["agentrl_episode_record"]`` carries the episode's record
   (per turn the observation, reply, actions and flags; bounded, about as many characters as the
   episode has tokens); the manager takes that column out of the batch and writes a sample
@@ -105,6 +111,7 @@ from agentrl.rollout.episode_record import episode_record
 from agentrl.verl import AGENT_NAME
 from agentrl.verl.episodes import VerlEpisodeLog
 from agentrl.verl.metrics import EpisodeMetricsLog
+from agentrl.verl.returns import TRUNCATED, patch_compute_advantage
 
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
@@ -120,6 +127,8 @@ EPISODE_INFO = "agentrl_episode"
 EPISODE_RECORD = "agentrl_episode_record"
 """``extra_fields`` key: the episode's record (:mod:`agentrl.rollout.episode_record`); the
 manager removes it from the batch."""
+REWARD_EXTRA_KEYS = ("success", "episode_return", "turns")
+"""``extra_fields["reward_extra_info"]``'s keys, the same for every episode (verl stacks them)."""
 TASK_FIELDS = ("preset", "seed", "agent_config", "max_context_tokens", "reward_placement")
 """What ``extra_info`` must hold (written by :mod:`agentrl.verl.data`)."""
 
@@ -435,9 +444,17 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
                                  num_preempted=num_preempted),
         extra_fields={**(server_fields or {}), TOKEN_REWARDS: rewards,
                       "turn_scores": [reward for _, reward in kept_turns(trajectory, end)],
-                      "tool_rewards": [], EPISODE_INFO: info,
+                      "tool_rewards": [], EPISODE_INFO: info, TRUNCATED: bool(budget_exhausted),
+                      "reward_extra_info": reward_extra_info(outcome),
                       EPISODE_RECORD: episode_record(trajectory, split="")},
     )
+
+
+def reward_extra_info(outcome: Any) -> dict[str, float]:
+    """verl's per-sample extras (:data:`REWARD_EXTRA_KEYS`): its validation reports each per data
+    source (the preset) as ``val-aux/<preset>/<key>/mean@<n>``, and its dumps carry them."""
+    return {"success": float(outcome.success), "episode_return": float(outcome.episode_return),
+            "turns": float(outcome.num_turns)}
 
 
 # -- the loop --------------------------------------------------------------------------------------
@@ -529,7 +546,7 @@ class GameAgentLoopWorker(AgentLoopWorker):
                 scores[index] = 0.0
                 scores[index, :len(rewards)] = torch.tensor(rewards, dtype=torch.float32)
         output.batch["rm_scores"] = scores
-        output.meta_info.setdefault("reward_extra_keys", [])
+        output.meta_info.setdefault("reward_extra_keys", list(REWARD_EXTRA_KEYS))
         return output
 
 
@@ -540,6 +557,7 @@ class GameAgentLoopManager(AgentLoopManager):
     ``train/<preset>/...`` and ``val/<preset>/...``, as on the local engine)."""
 
     def __init__(self, *args, **kwargs):
+        patch_compute_advantage()  # this process (the TaskRunner) runs the trainer's GAE
         self.agent_loop_workers_class = ray.remote(GameAgentLoopWorker)
         super().__init__(*args, **kwargs)
         self.episode_metrics = EpisodeMetricsLog.for_verl(self.config)

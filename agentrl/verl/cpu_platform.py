@@ -175,6 +175,8 @@ class Patch:
     """Text of the original's source that the patch works around (gone: the patch is stale)."""
     make: Callable[[Callable], Callable]
     """The replacement, given the original."""
+    owner: str = "agentrl/verl/cpu_platform.py"
+    """The file that defines the patch (named in :class:`PatchMismatch`)."""
 
     @property
     def qualname(self) -> str:
@@ -247,25 +249,25 @@ USERS = {"initialize_global_process_group_ray": ("verl.workers.engine_workers",
 def check_patch(patch: Patch, verl_version: str) -> Callable:
     """The function ``patch`` replaces; :class:`PatchMismatch` naming it if verl moved on."""
     if verl_version != VERL_VERSION:
-        raise PatchMismatch(f"{patch.qualname}: the CPU platform's patch was written for verl "
+        raise PatchMismatch(f"{patch.qualname}: the patch was written for verl "
                             f"{VERL_VERSION}, this is verl {verl_version}; check the function "
-                            "and update agentrl/verl/cpu_platform.py")
+                            f"and update {patch.owner}")
     original = getattr(importlib.import_module(patch.module), patch.name)
     original = getattr(original, "__wrapped_by_agentrl__", original)
     signature = str(inspect.signature(original))
     if signature != patch.signature:
         raise PatchMismatch(f"{patch.qualname}: signature {signature} differs from the patched "
-                            f"{patch.signature} (verl {VERL_VERSION}); update "
-                            "agentrl/verl/cpu_platform.py")
+                            f"{patch.signature} (verl {VERL_VERSION}); update {patch.owner}")
     if patch.marker and patch.marker not in inspect.getsource(original):
-        raise PatchMismatch(f"{patch.qualname} no longer contains {patch.marker!r}: the CPU "
-                            "patch may be unneeded; check it in agentrl/verl/cpu_platform.py")
+        raise PatchMismatch(f"{patch.qualname} no longer contains {patch.marker!r}: the "
+                            f"patch may be unneeded; check it in {patch.owner}")
     return original
 
 
-def apply_patches(verl_version: str, names: tuple[str, ...] | None = None) -> None:
-    """Replace every function of :data:`PATCHES` (or those ``names``; once per process)."""
-    for patch in PATCHES:
+def apply_patches(verl_version: str, names: tuple[str, ...] | None = None,
+                  patches: tuple[Patch, ...] = PATCHES) -> None:
+    """Replace every function of ``patches`` (or those ``names``; once per process)."""
+    for patch in patches:
         if names is not None and patch.name not in names:
             continue
         module = importlib.import_module(patch.module)
@@ -316,7 +318,6 @@ def verl_overrides() -> list[str]:
         f"{rollout}.free_cache_engine=false",
         f"{rollout}.max_num_seqs=16",
         "data.dataloader_num_workers=0",
-        "reward.num_workers=1",              # rewards come from our AgentLoop; 0.6 GB each
     ]
 
 

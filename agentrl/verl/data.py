@@ -29,7 +29,8 @@ A row (the contract with the AgentLoop)::
                     "agent_config": json of dataclasses.asdict(AgentConfig),
                     "max_context_tokens": rollout.max_context_tokens,
                     "reward_placement": rollout.reward_placement,
-                    "turn_gamma": algorithm.gamma with gamma_unit: turn, else 1.0}}
+                    "turn_gamma": algorithm.gamma with gamma_unit: turn, else 1.0;
+                                  1.0 on validation rows (returns, not shaped rewards)}}
 
 - ``prompt`` is what the episode really opens with, so verl's prompt-length checks and metrics
   see real lengths. Making it resets each game once: TextWorld games are generated here (in
@@ -96,7 +97,9 @@ def val_tasks(config: TrainConfig) -> list[dict[str, Any]]:
     limit = val.max_new_tokens or config.rollout.max_new_tokens
     presets = _capped(config, dict.fromkeys(val.presets), limit)
     games = [(name, preset, seed) for name, preset in presets for seed in seeds]
-    return _rows(games, "val", **_episode_settings(config))
+    # undiscounted: verl's val-core reward (the rewards' sum) is then the episode's return, as
+    # the local engine reports it; the turn discount only shapes training
+    return _rows(games, "val", **{**_episode_settings(config), "turn_gamma": 1.0})
 
 
 def write_tasks(config: TrainConfig, out_dir: str | Path) -> tuple[Path, Path]:

@@ -21,8 +21,9 @@ alone (``device``, ``threads``, ``model.dtype``: verl keeps fp32 master weights 
 bf16, ``rollout.max_batch``, ``rollout.max_wait_ms``, ``rollout.prefix_cache_tokens``: vLLM
 caches prefixes itself) are not read; settings verl has no counterpart for and that would change
 the training (``rollout.filter_ratio``, ``rollout.norm_method``, ``critic.share_backbone``,
-``lora.dropout``, ``critic.value_clip_scale: returns``: verl's critic clips in return units, so
-the GPU hardware presets set ``absolute``) fail at start-up (``TrainConfig``'s verl checks).
+``lora.dropout``) fail at start-up (``TrainConfig``'s verl checks). ``critic.value_clip_scale:
+returns`` and the bootstrap of episodes the response budget cut are patched into verl
+(:mod:`agentrl.verl.returns`).
 
 Before anything starts, :mod:`agentrl.verl.preflight` fits the micro-batches to each GPU's
 share and the memory estimate to the card, and checks verl's dispatch divisions on the composed
@@ -73,7 +74,7 @@ import agentrl
 from agentrl.config import TrainConfig
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.tracking import METRICS_FILE
-from agentrl.verl import preflight
+from agentrl.verl import preflight, returns
 from agentrl.verl.cluster import check_cluster
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
 
@@ -87,6 +88,8 @@ VERL_CONFIG = "ppo_trainer"
 CHECKED_SECTIONS = ("algorithm", "actor_rollout_ref.rollout")
 """Sections built into verl's dataclasses on top of what ``validate_config`` builds."""
 PROJECT_ROOT = Path(agentrl.__file__).resolve().parents[1]
+VALIDATION_DUMPS = "validation_generations"
+"""Folder of ``run_dir`` where verl dumps every validation episode (``validation_data_dir``)."""
 CRITIC_INFER_TOKENS = "critic.ppo_infer_max_token_len_per_gpu"
 """The key verl 0.9.1's critic reads for its no-grad forward's token budget."""
 
@@ -254,6 +257,9 @@ def _rollout(config: TrainConfig) -> dict[str, Any]:
         f"{prefix}.gpu_memory_utilization": v.gpu_memory_utilization,
         f"{prefix}.log_prob_micro_batch_size_per_gpu": v.log_prob_micro_batch_size_per_gpu,
         f"{prefix}.agent.num_workers": v.agent_workers,
+        # our AgentLoop sets every episode's reward itself: verl's reward-loop workers (8 Ray
+        # actors by default) would only idle (none is asked while reward_score is set)
+        "reward.num_workers": 0,
         # validation: greedy, val.group_size episodes per held-out game
         f"{prefix}.val_kwargs.n": config.val.group_size,
         f"{prefix}.val_kwargs.temperature": 0,
@@ -282,6 +288,9 @@ def _trainer(config: TrainConfig) -> dict[str, Any]:
         "trainer.max_critic_ckpt_to_keep": t.keep_last,
         "trainer.resume_mode": resume,
         "+trainer.agentrl_log_episodes": t.log_episodes,  # read by agentrl.verl.episodes
+        # verl's own dump of every validation episode (text, reward, reward_extra_info), one
+        # <step>.jsonl per validation; training episodes are sampled by agentrl.verl.episodes
+        "trainer.validation_data_dir": str(config.run_dir / VALIDATION_DUMPS),
     }
     if resume == "resume_path":
         out["trainer.resume_from_path"] = str(Path(config.resume).resolve())
@@ -308,7 +317,9 @@ def _fsdp(prefix: str, engine: str, strategy: str, param_offload: bool, optimize
     }
 
 
-WORKER_ENV = ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR", "AGENTRL_CACHE")
+EXTERNAL_MODULES = "VERL_USE_EXTERNAL_MODULES"
+WORKER_ENV = ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR", "AGENTRL_CACHE", EXTERNAL_MODULES,
+              returns.VALUE_CLIP_ENV)
 """Variables every Ray worker needs; a Ray cluster started before the launch (always so on
 several nodes) would not inherit them, so they travel in Ray's ``runtime_env``."""
 
@@ -452,7 +463,15 @@ def launch_env(config: TrainConfig, base: Mapping[str, str] | None = None) -> di
         env.update(_cpu_env())
     elif any("env_vars.AGENTRL_VERL_SDPA=" in item for item in config.verl.overrides):
         env.update(_sdpa_env())                      # without_flash_attn's
+    env[EXTERNAL_MODULES] = external_modules(*env.get(EXTERNAL_MODULES, "").split(","))
+    env[returns.VALUE_CLIP_ENV] = config.critic.value_clip_scale
     return env
+
+
+def external_modules(*modules: str) -> str:
+    """``VERL_USE_EXTERNAL_MODULES``: ``modules``, then :mod:`agentrl.verl.returns` (verl imports
+    each in every process it starts)."""
+    return ",".join(dict.fromkeys(filter(None, [*modules, returns.__name__])))
 
 
 def launch(config: TrainConfig, dry_run: bool = False) -> int:
@@ -524,7 +543,7 @@ def without_flash_attn(config: TrainConfig) -> TrainConfig:
 def _sdpa_env() -> dict[str, str]:
     from agentrl.verl import cpu_platform
 
-    return {"VERL_USE_EXTERNAL_MODULES": cpu_platform.__name__, cpu_platform.SDPA_ENV: "1"}
+    return {EXTERNAL_MODULES: external_modules(cpu_platform.__name__), cpu_platform.SDPA_ENV: "1"}
 
 
 def _print_dry_run(verl_config: Any, command: list[str], env: Mapping[str, str],

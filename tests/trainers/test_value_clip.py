@@ -40,10 +40,13 @@ def test_a_clip_scaled_to_the_returns_lets_the_critic_reach_them(tmp_path, one_t
     assert absolute <= 7.0
 
 
-def test_verl_takes_only_the_absolute_clip():
+def test_verl_takes_either_clip_and_scales_by_the_returns_by_default():
+    """verl's value loss is patched to the same scale (agentrl.verl.returns)."""
     from agentrl.config import compose_config
+    from agentrl.verl.launch import launch_env
+    from agentrl.verl.returns import VALUE_CLIP_ENV
 
     gpu = ["hardware=a100", "model=qwen_halfb"]
-    assert compose_config(gpu).critic.value_clip_scale == "absolute"  # the GPU presets' choice
-    with pytest.raises(ValueError, match=r"critic.value_clip_scale='returns' is not allowed"):
-        compose_config([*gpu, "critic.value_clip_scale=returns"])
+    assert launch_env(compose_config(gpu))[VALUE_CLIP_ENV] == "returns"
+    absolute = compose_config([*gpu, "critic.value_clip_scale=absolute"])
+    assert launch_env(absolute)[VALUE_CLIP_ENV] == "absolute"

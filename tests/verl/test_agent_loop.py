@@ -268,6 +268,10 @@ def test_budget_ends_the_episode_before_an_observation_overflows(workers, fake, 
     assert sample.rm_scores == pytest.approx(expected)
     (info,) = result.non_tensor["agentrl_episode"]
     assert info["metrics"]["context_exhausted"] == 1.0 and info["num_turns"] == 3
+    assert list(result.non_tensor["agentrl_truncated"]) == [True]  # GAE bootstraps it
+    # verl's own per-preset extras (val-aux/<preset>/...)
+    assert (result.non_tensor["success"][0], result.non_tensor["turns"][0]) == (0.0, 3.0)
+    assert result.non_tensor["episode_return"][0] == pytest.approx(info["episode_return"])
 
 
 def test_a_cut_reply_is_closed_by_a_mask_0_token(workers, fake, tmp_path, tokenizer, presets):

@@ -104,8 +104,11 @@ def test_cpu_verl_runs_verls_trainer_on_the_cpu_platform():
     assert config.backend == "verl" and launch.on_cpu(config)
     env = launch.launch_env(config)
     assert env["VERL_PLATFORM"] == "cpu"
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "agentrl.verl.cpu_platform"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "agentrl.verl.cpu_platform,agentrl.verl.returns"
     assert OmegaConf.select(cfg, "trainer.device") == "cpu"
+    assert OmegaConf.select(cfg, "reward.num_workers") == 0   # our AgentLoop sets the rewards
+    assert OmegaConf.select(cfg, "trainer.validation_data_dir") == str(
+        config.run_dir / "validation_generations")               # verl's own episode dumps
     assert OmegaConf.select(cfg, "ray_kwargs.ray_init.num_gpus") == 1
     assert OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy") == "fsdp2"
     assert OmegaConf.select(cfg, "critic.strategy") == "fsdp2"
@@ -137,8 +140,10 @@ def test_worker_env_reaches_an_already_started_ray_cluster(monkeypatch, tmp_path
     cfg = launch.compose_verl_config(launch.verl_overrides(config, launch.task_paths(config)))
     env_vars = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")
     expected = launch.launch_env(config)
-    for name in ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR", "AGENTRL_CACHE"):
+    for name in ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR", "AGENTRL_CACHE",
+                 "VERL_USE_EXTERNAL_MODULES", "AGENTRL_VALUE_CLIP_SCALE"):
         assert env_vars[name] == expected[name]
+    assert expected["VERL_USE_EXTERNAL_MODULES"] == "agentrl.verl.returns"  # no CPU platform
 
 
 def test_the_critic_is_sized_by_tokens_and_dead_keys_are_gone():
@@ -178,7 +183,7 @@ def test_without_flash_attn_a_gpu_run_uses_sdpa_and_patches_the_critic_loader(ca
         assert OmegaConf.select(cfg, f"{role}.model.use_remove_padding") is False
     env = launch.launch_env(config)
     assert env["AGENTRL_VERL_SDPA"] == "1"
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "agentrl.verl.cpu_platform"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "agentrl.verl.cpu_platform,agentrl.verl.returns"
     assert "VERL_PLATFORM" not in env
     env_vars = OmegaConf.select(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")
     assert env_vars["AGENTRL_VERL_SDPA"] == "1"

@@ -304,7 +304,7 @@ def test_there_are_twelve_example_scripts():
 def test_every_example_dry_run_resolves_and_validates(script, recording_python, capsys):
     """The script's ``agentrl train --dry-run`` command, run here: verl's config checks pass."""
     bin_dir, record = recording_python
-    done = run_script(script, "--dry-run", path_prefix=bin_dir)
+    done = run_script(script, "--dry-run", "8", path_prefix=bin_dir)  # 8 GPUs: verl's plan
     assert done.returncode == 0, done.stderr[-3000:]
     command = record.read_text().splitlines()
     assert command[:2] == ["train", "--dry-run"]

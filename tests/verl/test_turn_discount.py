@@ -84,6 +84,19 @@ def test_a_turn_discount_reaches_verl_through_the_task_rows_and_gamma_one():
     assert _algorithm(token)["algorithm.gamma"] == 0.9
 
 
+def test_validation_rows_are_undiscounted_so_verls_val_reward_is_the_return():
+    """verl's val-core reward is the sum of a row's rewards: with the turn discount folded into
+    them it would be the discounted G0, not the return the local engine reports."""
+    from agentrl.verl.data import train_tasks, val_tasks
+
+    config = compose_config(["hardware=a100", "model=qwen_halfb", "algorithm.gamma_unit=turn",
+                             "algorithm.gamma=0.9", "train.total_steps=1", "actor.ppo_mini_batch_size=16",
+                             "train.presets=[banditAgent]", "val.presets=[banditAgent]",
+                             "val.group_num=1"])
+    assert {row["extra_info"]["turn_gamma"] for row in train_tasks(config)} == {0.9}
+    assert {row["extra_info"]["turn_gamma"] for row in val_tasks(config)} == {1.0}
+
+
 @pytest.mark.parametrize("bad", [1.5, -0.1, "0.9", True])
 def test_a_bad_turn_gamma_in_a_task_row_is_named(bad):
     assert EpisodeTask.from_extra_info(_row_info()).turn_gamma == 1.0  # optional: default 1

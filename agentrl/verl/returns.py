@@ -1,0 +1,163 @@
+"""What verl 0.9.1's PPO lacks for games, patched in: the value clip scaled to the returns, and
+episodes cut by the response budget bootstrapped instead of ended.
+
+The launch names this module in ``VERL_USE_EXTERNAL_MODULES`` (verl imports it in every process
+it starts) and sets :data:`VALUE_CLIP_ENV` from ``critic.value_clip_scale``; the patches go
+through :mod:`agentrl.verl.cpu_platform`'s pinned :class:`~agentrl.verl.cpu_platform.Patch`
+(a verl upgrade that moves the code refuses at start-up).
+
+**Value clip** (``critic.value_clip_scale: returns``, the default, as on the local engine).
+verl clips the critic's update at ``critic.cliprange_value`` in return units: with Sokoban's
+returns spanning -1.6..+11, a clip of 0.5 lets the critic move 0.5 a step and it needs ~20
+steps to reach a win's value. The local engine multiplies the clip by the step's return scale,
+max(1, RMS of the returns over model tokens) (``LocalTrainer._value_clip``); so does this:
+:func:`compute_advantage` (the legacy trainer's, patched on the TaskRunner by
+:func:`patch_compute_advantage`) stores the step's scale in every row
+(:data:`RETURN_SCALE`), and verl's ``value_loss`` (patched at import: the TaskRunner hands the
+critic workers a partial of it) clips at ``cliprange_value * scale``, logged as
+``critic/cliprange_value``. The V1 trainer selects only its own columns for GAE, so there the
+scale is that of the micro-batch's returns.
+
+**Truncation.** An episode the response budget ended (``BudgetedAgent``: the next observation
+did not fit) is not over, but verl's GAE ends every row with a next value of 0. For rows flagged
+:data:`TRUNCATED` (by the AgentLoop), :func:`compute_advantage` adds ``gamma * V`` at the last
+model token (the critic's value there: the nearest estimate of the state the cut left) to the
+reward GAE reads, so the last step's TD error is ``r + gamma * V - V`` instead of ``r - V``; the
+rewards verl logs are unchanged. Legacy trainer only (V1 drops the flag before GAE).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+__all__ = ["RETURN_SCALE", "TRUNCATED", "VALUE_CLIP_ENV", "bootstrap_truncated",
+           "patch_compute_advantage", "return_scale"]
+
+VALUE_CLIP_ENV = "AGENTRL_VALUE_CLIP_SCALE"
+"""``returns`` (scale the value clip) or ``absolute`` (verl's), set by the launch."""
+RETURN_SCALE = "agentrl_return_scale"
+"""Batch column: the step's return scale, the same in every row."""
+TRUNCATED = "agentrl_truncated"
+"""``extra_fields`` key (a batch column): the response budget, not the game, ended the episode."""
+OWNER = "agentrl/verl/returns.py"
+
+
+def return_scale(returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """max(1, RMS of ``returns`` over ``mask``): the local engine's value-clip scale."""
+    mask = mask.float()
+    mean_square = ((returns.float() ** 2) * mask).sum() / mask.sum().clamp(min=1)
+    return max(1.0, float(mean_square.sqrt()))
+
+
+def bootstrap_truncated(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
+                        truncated: torch.Tensor, gamma: float) -> torch.Tensor:
+    """``rewards`` with ``gamma * values`` added at the last model token of each truncated row
+    (rows without model tokens are left alone)."""
+    out = rewards.clone()
+    width = mask.shape[-1]
+    has_tokens = mask.bool().any(dim=-1)
+    last = width - 1 - mask.bool().flip(-1).int().argmax(dim=-1)
+    rows = torch.nonzero(truncated.bool() & has_tokens).flatten()
+    out[rows, last[rows]] += gamma * values[rows, last[rows]].to(out.dtype)
+    return out
+
+
+def _truncated_rows(data: Any) -> torch.Tensor | None:
+    flags = data.non_tensor_batch.get(TRUNCATED)
+    if flags is None:
+        return None
+    return torch.tensor([bool(flag) for flag in flags], dtype=torch.bool)
+
+
+def _scales_clip() -> bool:
+    return os.environ.get(VALUE_CLIP_ENV, "absolute") == "returns"
+
+
+# -- the patched functions -------------------------------------------------------------------------
+def _compute_advantage(original: Callable) -> Callable:
+    def compute_advantage(data, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1,
+                          norm_adv_by_std_in_grpo=True, config=None):
+        call = dict(adv_estimator=adv_estimator, gamma=gamma, lam=lam, num_repeat=num_repeat,
+                    norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config)
+        truncated = _truncated_rows(data)
+        is_gae = str(getattr(adv_estimator, "value", adv_estimator)) == "gae"
+        if not is_gae or truncated is None or not truncated.any():
+            data = original(data, **call)
+        else:
+            rewards = data.batch["token_level_rewards"]
+            data.batch["token_level_rewards"] = bootstrap_truncated(
+                rewards, data.batch["values"], data.batch["response_mask"], truncated, gamma)
+            try:
+                data = original(data, **call)
+            finally:
+                data.batch["token_level_rewards"] = rewards
+        if is_gae and _scales_clip():
+            scale = return_scale(data.batch["returns"], data.batch["response_mask"])
+            data.batch[RETURN_SCALE] = torch.full((len(data),), scale)
+        return data
+    return compute_advantage
+
+
+def _scaled_value_loss(original: Callable) -> Callable:
+    def value_loss(config, model_output, data, dp_group=None):
+        if not _scales_clip():
+            return original(config, model_output, data, dp_group=dp_group)
+        if RETURN_SCALE in data.keys():
+            scale = float(data[RETURN_SCALE].flatten()[0])
+        else:  # V1: the micro-batch's returns
+            padded = data.select("returns", "response_mask").to_padded_tensor()
+            scale = return_scale(padded["returns"], padded["response_mask"])
+        clip = config.cliprange_value * scale
+        loss, metrics = original(dataclasses.replace(config, cliprange_value=clip), model_output,
+                                 data, dp_group=dp_group)
+        metrics["critic/cliprange_value"] = clip
+        return loss, metrics
+    return value_loss
+
+
+def _patches() -> tuple:
+    from agentrl.verl.cpu_platform import Patch
+
+    return (
+        Patch("verl.workers.utils.losses", "value_loss",
+              "(config: verl.workers.config.critic.CriticConfig, model_output, data: "
+              "tensordict._td.TensorDict, dp_group=None)",
+              "cliprange_value=config.cliprange_value", _scaled_value_loss, owner=OWNER),
+        Patch("verl.trainer.ppo.ray_trainer", "compute_advantage",
+              "(data: verl.protocol.DataProto, adv_estimator: "
+              "verl.trainer.ppo.core_algos.AdvantageEstimator, gamma: float = 1.0, lam: float = "
+              "1.0, num_repeat: int = 1, norm_adv_by_std_in_grpo: bool = True, config: "
+              "Optional[verl.trainer.config.algorithm.AlgoConfig] = None) -> verl.protocol."
+              "DataProto", 'token_level_rewards=data.batch["token_level_rewards"]', _compute_advantage,
+              owner=OWNER),
+    )
+
+
+def patch_value_loss() -> None:
+    """verl's ``value_loss`` with the clip scaled (see the module docstring)."""
+    import verl
+
+    from agentrl.verl.cpu_platform import apply_patches
+
+    apply_patches(verl.__version__, names=("value_loss",), patches=_patches())
+
+
+def patch_compute_advantage() -> None:
+    """The legacy trainer's ``compute_advantage`` with truncated rows bootstrapped and the step's
+    return scale stored; called in the TaskRunner (by ``GameAgentLoopManager``), where the
+    trainer runs it."""
+    import verl
+
+    from agentrl.verl.cpu_platform import apply_patches
+
+    apply_patches(verl.__version__, names=("compute_advantage",), patches=_patches())
+
+
+if os.environ.get("VERL_USE_EXTERNAL_MODULES") and __name__ in os.environ[
+        "VERL_USE_EXTERNAL_MODULES"].split(","):
+    patch_value_loss()
