@@ -9,6 +9,10 @@
   memory estimate; adapts micro-batches and offload, refuses the rest.
 - :mod:`agentrl.verl.cpu_platform`: a ``cpu`` platform for verl's ``PlatformRegistry`` and its
   pinned patches, so verl's own trainer runs on a CPU (``hardware=cpu-verl``).
+- :mod:`agentrl.verl.returns`: what verl's PPO lacks for games, patched in the same way: the
+  value clip scaled to the returns, episodes cut by the response budget bootstrapped.
+- :mod:`agentrl.verl.cluster`: the Ray cluster a GPU run joins: its GPUs counted, every node
+  probed (same checkout, shared ``run_dir``, flash-attn).
 
 Importing this package imports neither verl nor Ray: the modules above import them when used.
 """
