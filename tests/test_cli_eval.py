@@ -55,7 +55,7 @@ def test_random_on_the_test_split(tmp_path, capsys):
     (["--presets", "simpleSokobanAgent", "chessAgent"], "unknown preset(s) ['chessAgent']"),
     (["--groups", "0"], "expected an integer >= 1"),
     (["--policy", "expert"], "invalid choice: 'expert'"),
-    (["--temperature", "-1"], "--temperature must be >= 0"),
+    (["--temperature", "-1"], "argument --temperature: expected a number >= 0"),
 ])
 def test_bad_options_exit_2_with_a_message(args, message, capsys):
     with pytest.raises(SystemExit) as exit_info:
@@ -85,8 +85,10 @@ class FakeModel:
 
 def test_model_path_finds_the_actor_of_a_checkpoint_or_a_run(tmp_path):
     run = tmp_path / "run"
-    assert model_path(str(run)) == str(run)  # anything else is left to load_model
+    with pytest.raises(ValueError, match="--model: .*run: no such file or folder"):
+        model_path(str(run))  # a path that is not there is named, not tried as a hub id
     assert model_path("embedded") == "embedded"
+    assert model_path("Qwen/Qwen2.5-0.5B-Instruct") == "Qwen/Qwen2.5-0.5B-Instruct"  # a hub id
     first = save_checkpoint(run, 1, models={"actor": FakeModel()})
     newest = save_checkpoint(run, 2, models={"actor": FakeModel()})
     assert model_path(str(first)) == str(first / "actor")

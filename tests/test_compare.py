@@ -38,7 +38,7 @@ def test_model_variants_play_the_same_seeds_into_one_table_and_a_plot(
     """The tiny model with and without a think block: same seeds, both rows, a PNG."""
     import agentrl.eval_cli as eval_cli
 
-    monkeypatch.setattr(eval_cli, "model_path", lambda name: name)
+    monkeypatch.setattr(eval_cli, "model_path", lambda name, *flag: name)
     out = tmp_path / "compare.json"
     code = main(["eval", "--model", "tiny", "--presets", "babyaiGoTo3Agent", "--groups", "2",
                  "--max-new-tokens", "6", "--device", "cpu", "--out", str(out), "--no-progress",
