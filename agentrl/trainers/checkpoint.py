@@ -275,6 +275,7 @@ def _listed_size(entry: Any) -> int | None:
     return entry.get("bytes") if isinstance(entry, dict) else entry
 
 
+_WARNED: set[tuple[Path, str]] = set()
 _VERIFIED: dict[tuple, str | None] = {}
 """checkpoint_problem's answers, by folder and the size and mtime of each file in it."""
 
@@ -344,7 +345,10 @@ def newest_intact_checkpoint(checkpoints: str | Path) -> Path | None:
         problem = checkpoint_problem(folder)
         if problem is None:
             return folder
-        log.warning("checkpoint %s is damaged (%s): skipped, trying an older one", folder, problem)
+        if (folder, problem) not in _WARNED:  # once, though a run looks before and in fit()
+            _WARNED.add((folder, problem))
+            log.warning("checkpoint %s is damaged (%s): skipped, trying an older one", folder,
+                        problem)
         damaged.append(f"{folder.name} ({problem})")
     if damaged:
         raise ValueError(f"no intact checkpoint in {root}: {'; '.join(damaged)}")
