@@ -93,6 +93,10 @@ def writable_path(path: str | Path, flag: str, folder: bool = False) -> Path:
         raise ValueError(f"{flag} {str(path)!r} is a {'file' if folder else 'folder'}; allowed: "
                          f"the path of a {kind} to write")
     parent = path if folder else path.parent
+    blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
+    if blocking is not None and not blocking.is_dir():
+        raise ValueError(f"{flag} {str(path)!r}: {blocking} is a file, not a folder; allowed: a "
+                         f"{kind} under a writable folder")
     try:
         parent.mkdir(parents=True, exist_ok=True)
     except OSError as error:
