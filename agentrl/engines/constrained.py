@@ -144,6 +144,11 @@ class TokenTexts:
             out.append((text, token))
         return out
 
+    def clear(self) -> None:
+        """Forget the cached masks (a benchmark times each mode from the same cold start)."""
+        with self._lock:
+            self._masks.clear()
+
     def cached(self, key: tuple, build) -> Any:
         value = self._masks.get(key)
         if value is None:

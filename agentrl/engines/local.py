@@ -38,6 +38,16 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   sampling; its log-probs are of that masked, renormalized distribution, and its result
   (a :class:`~agentrl.engines.constrained.Generation`) carries each token's mask
   (``token_masks``) so the trainer can recompute the same distribution.
+- **Jump-forward** (``jump_forward=True``, the default): after a constrained row's token, the
+  tokens its grammar then forces (one allowed id: the tags, ``move``, ``to``, the end of turn)
+  are appended at once, with log-prob 0 (probability 1 under their one-id mask, which they
+  carry like any token) and no decode step of their own; the next step feeds the row's chosen
+  token and its forced ones together (rows left-padded to the longest), so a forced run costs
+  one forward pass, not one each. The tokens, log-probs and masks are those of step-by-step
+  decoding (tests compare them); ``GenerationStats.decode_steps`` counts the forward passes and
+  ``jumped_tokens`` the tokens that had none. A row asking for features never jumps its last
+  token (its feature needs the pass over the tokens before it); a row that ends in a jump
+  stores in the prefix cache the tokens it fed.
 - **Decode steps** run over a preallocated key/value cache with matmul attention over the
   grouped heads (:mod:`agentrl.engines.static_cache`) for Llama-style models in float32: no
   per-token cache copies. Other models, and bf16 autocast, step through the model's forward

@@ -4,6 +4,7 @@
     python scripts/bench/rollout.py --ms-per-token 20 --base-ms 30 --think-dist uniform
     python scripts/bench/rollout.py --presets simpleSokobanAgent textworldEasyAgent
     python scripts/bench/rollout.py --embedded             # + the real model, batch 1 vs 16 (slow)
+    python scripts/bench/rollout.py --jump-forward         # real episodes, step by step vs jump
 
 What runs: ``--groups x --group-size`` episodes (128 by default) over a mix of presets with
 unequal episode lengths (Sokoban ends after 6 turns or 10 actions, Tetris and BlocksWorld after
@@ -44,6 +45,16 @@ and about a millisecond a turn (env step, decode, chat-template suffix), so its 
 default keeps the run short). Games are generated once before timing (a warm reset per group),
 so neither mode pays one-off generation. (c) ``--embedded``: tokens/s of the
 embedded model on CPU at batch 1 vs 16, with ``scripts/bench/generate.py``'s prompts and timing.
+
+**Jump-forward** (``--jump-forward``, instead of the above): real episodes of ``--jf-preset``
+(the default preset, ``tightBlocksworldTurnsAgent``) through ``run_groups`` with ``--jf-model``
+(the embedded model) under constrained decoding, at ``--temperature`` (1.0, as training
+samples), decoded twice with the same seeds and engine settings as a training step (batch 16,
+the prefix cache): step by step (``jump_forward=False``) and with jump-forward (the tokens the
+grammar forces appended without a decode step of their own). An untimed group warms up first,
+and each mode starts with empty mask caches. Reported per mode: decode steps (batched
+forward passes after the prefills) and rollout seconds, per episode, and the reductions
+(targets: >= 40% fewer decode steps, >= 30% less rollout time).
 """
 
 from __future__ import annotations
@@ -69,6 +80,7 @@ import agentrl
 from agentrl.agents import Agent, AgentConfig, load_agent_presets
 from agentrl.bench_cli import write_result
 from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.engines.constrained import TokenTexts
 from agentrl.envs.sokoban import MOVES
 from agentrl.envs.tetris import ACTIONS as TETRIS_ACTIONS
 from agentrl.models import end_of_turn_ids, load_model, load_tokenizer
@@ -97,6 +109,11 @@ LOGPROB = -0.5
 THINK_DISTS = ("exponential", "uniform")
 TARGET_SPEEDUP = 1.5
 TARGET_OVERHEAD = 0.05
+JUMP_PRESET = "tightBlocksworldTurnsAgent"
+TARGET_FEWER_STEPS = 0.40
+TARGET_LESS_TIME = 0.30
+ENGINE_SETTINGS = {"max_batch": 16, "prefix_cache_tokens": 65536}
+"""The training rollout's engine settings (configs/base.yaml ``rollout``)."""
 Pairs = Sequence[tuple[str, AgentConfig]]
 """One (preset name, config) per group, as ``run_groups`` takes them."""
 
@@ -433,6 +450,98 @@ def embedded_rows(args: argparse.Namespace) -> list[dict]:
         llm.close()
 
 
+# -- jump-forward: the real model, step by step vs jump ---------------------------------------------
+
+
+def jump_forward_result(args: argparse.Namespace) -> dict:
+    """The ``--jf-preset`` episodes decoded step by step and with jump-forward (the docstring)."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    model, tokenizer = load_model(args.jf_model)
+    pairs = [(args.jf_preset, load_agent_presets()[args.jf_preset])] * args.groups
+    seeds = list(range(args.groups))
+    sampling = SamplingParams(temperature=args.temperature, max_new_tokens=args.max_new_tokens,
+                              constrained_actions=True)
+    prepare_games(pairs, seeds, tokenizer)
+    load = [round(os.getloadavg()[0], 2)]
+    play_episodes(model, tokenizer, pairs[:1], seeds[:1], args, sampling, jump_forward=False)
+    modes = {}
+    for name, jump in (("step_by_step", False), ("jump_forward", True)):
+        TokenTexts.of(tokenizer).clear()  # each mode builds its own masks
+        modes[name] = play_episodes(model, tokenizer, pairs, seeds, args, sampling, jump)
+        load.append(round(os.getloadavg()[0], 2))
+    before, after = modes["step_by_step"], modes["jump_forward"]
+    return {
+        **modes,
+        "fewer_decode_steps": round(1 - after["decode_steps_per_episode"]
+                                    / before["decode_steps_per_episode"], 4),
+        "less_rollout_time": round(1 - after["rollout_s_per_episode"]
+                                   / before["rollout_s_per_episode"], 4),
+        "targets": {"fewer_decode_steps": TARGET_FEWER_STEPS,
+                    "less_rollout_time": TARGET_LESS_TIME},
+        "engine": ENGINE_SETTINGS,
+        "args": vars(args),
+        "python": platform.python_version(),
+        "machine": platform.processor() or platform.machine(),
+        "cpus": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "load_average_1m": load,  # before the timed runs and after each
+    }
+
+
+def play_episodes(model: Any, tokenizer: Any, pairs: Pairs, seeds: list[int],
+                  args: argparse.Namespace, sampling: SamplingParams, jump_forward: bool) -> dict:
+    """One timed ``run_groups`` on a fresh engine; its decode counts and seconds."""
+    llm = BatchingLLM(model, tokenizer, seed=args.seed, jump_forward=jump_forward,
+                      **ENGINE_SETTINGS)
+    job = run_groups(pairs, llm, tokenizer, sampling, group_num=len(seeds),
+                     group_size=args.group_size, seeds=seeds,
+                     max_context_tokens=args.max_context_tokens)
+    try:
+        trajectories, _, wall, _ = asyncio.run(_timed(job))
+    finally:
+        llm.close()
+    stats, episodes = llm.stats, len(trajectories)
+    return {
+        "episodes": episodes,
+        "turns": sum(t.num_turns for t in trajectories),
+        "success": round(sum(t.success for t in trajectories) / episodes, 4),
+        "generated_tokens": stats.generated_tokens,
+        "decode_steps": stats.decode_steps,
+        "jumped_tokens": stats.jumped_tokens,
+        "rollout_s": round(wall, 3),
+        "generation_s": round(stats.generation_seconds, 3),
+        "prefill_s": round(stats.prefill_seconds, 3),
+        "decode_steps_per_episode": round(stats.decode_steps / episodes, 2),
+        "rollout_s_per_episode": round(wall / episodes, 4),
+    }
+
+
+def print_jump_forward(result: dict) -> None:
+    args = result["args"]
+    table = Table(title=f"agentrl {agentrl.__version__} jump-forward: {args['jf_preset']}, "
+                        f"{args['jf_model']} model, constrained, temperature "
+                        f"{args['temperature']}")
+    columns = ("mode", "episodes", "turns", "tokens", "decode steps", "steps/episode",
+               "jumped tokens", "rollout s", "s/episode", "prefill s", "success")
+    for column in columns:
+        table.add_column(column, justify="left" if column == "mode" else "right")
+    for mode in ("step_by_step", "jump_forward"):
+        row = result[mode]
+        table.add_row(mode, str(row["episodes"]), str(row["turns"]),
+                      str(row["generated_tokens"]), str(row["decode_steps"]),
+                      f"{row['decode_steps_per_episode']:.1f}", str(row["jumped_tokens"]),
+                      f"{row['rollout_s']:.1f}", f"{row['rollout_s_per_episode']:.2f}",
+                      f"{row['prefill_s']:.1f}", f"{row['success']:.2f}")
+    Console(width=140).print(table)
+    steps, time_ = result["fewer_decode_steps"], result["less_rollout_time"]
+    print(f"decode steps per episode -{100 * steps:.1f}% (target >= "
+          f"{100 * TARGET_FEWER_STEPS:.0f}%: {_verdict(steps >= TARGET_FEWER_STEPS)}); rollout "
+          f"seconds per episode -{100 * time_:.1f}% (target >= {100 * TARGET_LESS_TIME:.0f}%: "
+          f"{_verdict(time_ >= TARGET_LESS_TIME)}); load average {result['load_average_1m']} "
+          f"on {result['cpus']} CPUs")
+
+
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS),
@@ -457,9 +566,24 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--embedded-new-tokens", type=int, default=32)
     parser.add_argument("--threads", type=int, default=None,
                         help="torch CPU threads for --embedded (default: torch's)")
-    parser.add_argument("--out", default="bench_results/rollout.json")
+    parser.add_argument("--jump-forward", action="store_true",
+                        help="instead: real episodes of --jf-preset decoded step by step and "
+                             "with jump-forward, side by side (minutes)")
+    parser.add_argument("--jf-preset", default=JUMP_PRESET, help="--jump-forward's preset")
+    parser.add_argument("--jf-model", default="embedded", help="--jump-forward's model")
+    parser.add_argument("--temperature", type=float, default=1.0,
+                        help="--jump-forward's sampling temperature (0 = greedy)")
+    parser.add_argument("--out", default=None,
+                        help="JSON result (default bench_results/rollout.json, or "
+                             "bench_results/jump_forward.json with --jump-forward)")
     args = parser.parse_args(argv)
+    if args.out is None:
+        args.out = f"bench_results/{'jump_forward' if args.jump_forward else 'rollout'}.json"
     known = load_agent_presets()
+    if args.jf_preset not in known:
+        parser.error(f"--jf-preset: unknown preset {args.jf_preset!r}; allowed: {sorted(known)}")
+    if args.temperature < 0:
+        parser.error(f"--temperature must be >= 0, got {args.temperature}")
     for name in args.presets:
         if name not in known:
             parser.error(f"--presets: unknown preset {name!r}; allowed: {sorted(known)}")
@@ -479,6 +603,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
+    if args.jump_forward:
+        result = jump_forward_result(args)
+        print_jump_forward(result)
+        write_result(args.out, result)
+        return result
     tokenizer = load_tokenizer("tiny")
     presets = load_agent_presets()
     pairs = group_presets(args.presets, presets, args.groups)

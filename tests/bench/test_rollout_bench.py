@@ -82,3 +82,19 @@ def test_unknown_preset_is_named(bench, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--presets", "noSuchAgent"])
     assert "noSuchAgent" in capsys.readouterr().err
+
+
+def test_jump_forward_runs_both_modes_side_by_side(bench, tmp_path):
+    """``--jump-forward`` on the tiny model: the same episodes' count both ways, fewer decode
+    steps with jump-forward, and the reductions computed from the rows."""
+    out = tmp_path / "jump.json"
+    bench.main(["--jump-forward", "--jf-model", "tiny", "--groups", "1", "--group-size", "2",
+                "--out", str(out)])
+    result = json.loads(out.read_text())
+    before, after = result["step_by_step"], result["jump_forward"]
+    assert before["episodes"] == after["episodes"] == 2
+    assert before["jumped_tokens"] == 0 < after["jumped_tokens"]
+    assert after["decode_steps_per_episode"] < before["decode_steps_per_episode"]
+    assert result["fewer_decode_steps"] == pytest.approx(
+        1 - after["decode_steps_per_episode"] / before["decode_steps_per_episode"], abs=1e-3)
+    assert len(result["load_average_1m"]) == 3
