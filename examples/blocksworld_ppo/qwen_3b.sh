@@ -3,7 +3,7 @@
 # Trains on two to four blocks described in text; validates on held-out instances and on five
 # blocks.
 #
-#   bash examples/blocksworld_ppo/qwen_3b.sh                 # every GPU of this node (verl)
+#   bash examples/blocksworld_ppo/qwen_3b.sh                 # every GPU of a running Ray cluster, else of this node (verl)
 #   bash examples/blocksworld_ppo/qwen_3b.sh --dry-run       # verl's config and command, validated
 #   bash examples/blocksworld_ppo/qwen_3b.sh 16 "" "" "" "" "" "" 8   # two nodes of 8 GPUs
 #   bash examples/blocksworld_ppo/qwen_3b.sh "" 16 8 "" "" "" "" "" "" "" "" 100 actor.lr=2e-6

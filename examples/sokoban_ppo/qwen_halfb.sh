@@ -2,7 +2,7 @@
 # PPO with a critic on Sokoban, Qwen2.5-0.5B-Instruct.
 # Trains on 6x6 rooms with one box; validates on held-out 6x6 rooms and on 8x8 rooms.
 #
-#   bash examples/sokoban_ppo/qwen_halfb.sh                 # every GPU of this node (verl)
+#   bash examples/sokoban_ppo/qwen_halfb.sh                 # every GPU of a running Ray cluster, else of this node (verl)
 #   bash examples/sokoban_ppo/qwen_halfb.sh --dry-run       # verl's config and command, validated
 #   bash examples/sokoban_ppo/qwen_halfb.sh 16 "" "" "" "" "" "" 8   # two nodes of 8 GPUs
 #   bash examples/sokoban_ppo/qwen_halfb.sh "" 16 8 "" "" "" "" "" "" "" "" 100 actor.lr=2e-6

@@ -3,7 +3,7 @@
 # Trains on 3x3 boards with one piece type; validates on held-out boards, on 4x4 boards and on
 # two piece types.
 #
-#   bash examples/tetris_ppo/qwen_halfb.sh                 # every GPU of this node (verl)
+#   bash examples/tetris_ppo/qwen_halfb.sh                 # every GPU of a running Ray cluster, else of this node (verl)
 #   bash examples/tetris_ppo/qwen_halfb.sh --dry-run       # verl's config and command, validated
 #   bash examples/tetris_ppo/qwen_halfb.sh 16 "" "" "" "" "" "" 8   # two nodes of 8 GPUs
 #   bash examples/tetris_ppo/qwen_halfb.sh "" 16 8 "" "" "" "" "" "" "" "" 100 actor.lr=2e-6

@@ -2,7 +2,7 @@
 # PPO with a critic on TextWorld, Qwen2.5-3B-Instruct.
 # Trains on easy quests; validates on held-out easy quests and on medium ones.
 #
-#   bash examples/textworld_ppo/qwen_3b.sh                 # every GPU of this node (verl)
+#   bash examples/textworld_ppo/qwen_3b.sh                 # every GPU of a running Ray cluster, else of this node (verl)
 #   bash examples/textworld_ppo/qwen_3b.sh --dry-run       # verl's config and command, validated
 #   bash examples/textworld_ppo/qwen_3b.sh 16 "" "" "" "" "" "" 8   # two nodes of 8 GPUs
 #   bash examples/textworld_ppo/qwen_3b.sh "" 16 8 "" "" "" "" "" "" "" "" 100 actor.lr=2e-6

@@ -2,7 +2,7 @@
 # PPO with a critic on TextWorld, Qwen2.5-7B-Instruct.
 # Trains on easy quests; validates on held-out easy quests and on medium ones.
 #
-#   bash examples/textworld_ppo/qwen_7b.sh                 # every GPU of this node (verl)
+#   bash examples/textworld_ppo/qwen_7b.sh                 # every GPU of a running Ray cluster, else of this node (verl)
 #   bash examples/textworld_ppo/qwen_7b.sh --dry-run       # verl's config and command, validated
 #   bash examples/textworld_ppo/qwen_7b.sh 16 "" "" "" "" "" "" 8   # two nodes of 8 GPUs
 #   bash examples/textworld_ppo/qwen_7b.sh "" 16 8 "" "" "" "" "" "" "" "" 100 actor.lr=2e-6

@@ -201,7 +201,7 @@ def check_sample(sample: Sample, games, fake, tokenizer) -> None:
 
 # -- the batch -------------------------------------------------------------------------------------
 GAMES = {
-    "sokoban": ("simpleSokobanAgent", (1, 2)),  # 3 turns: bad format, then 2 oracle moves
+    "sokoban": ("simpleSokobanAgent", (1, 3)),  # 3 turns: bad format, then 2 oracle moves
     "textworld": ("textworldEasyAgent", (1,)),  # 3 turns: bad format, 2 walkthrough commands
 }
 
@@ -232,7 +232,7 @@ def test_batch_holds_our_tokens_masks_logprobs_and_turn_rewards(mode, game_name,
 def test_last_placement_puts_the_return_on_the_last_model_token(mode, workers, fake, tmp_path,
                                                                 tokenizer, presets):
     config = one_action_per_turn(presets, "simpleSokobanAgent")
-    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 3, ["no format", ORACLE, ORACLE])
     result = rollout(workers, fake, mode, tmp_path, [game], n=1, reward_placement="last")
     (sample,) = result.samples
     last_model_token = max(i for i, m in enumerate(sample.mask) if m)
@@ -339,7 +339,7 @@ def test_agent_is_built_and_reset_off_the_event_loop(workers, fake, tmp_path, to
 
     monkeypatch.setattr(agent_loop, "Agent", RecordingAgent)
     config = one_action_per_turn(presets, "simpleSokobanAgent")
-    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 3, ["no format", ORACLE, ORACLE])
     rollout(workers, fake, "legacy", tmp_path, [game], n=2)
     assert len(threads) == 4 and threading.get_ident() not in threads
 
@@ -347,17 +347,17 @@ def test_agent_is_built_and_reset_off_the_event_loop(workers, fake, tmp_path, to
 def test_a_first_prompt_longer_than_prompt_length_fails_clearly(workers, fake, tmp_path,
                                                                 tokenizer, presets):
     config = one_action_per_turn(presets, "simpleSokobanAgent")
-    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 3, ["no format", ORACLE, ORACLE])
     with pytest.raises(ValueError, match="rollout.prompt_length=64"):
         rollout(workers, fake, "legacy", tmp_path, [game], n=1, prompt_length=64)
 
 
 def test_task_fields_are_checked_by_name(tokenizer, presets):
     config = one_action_per_turn(presets, "simpleSokobanAgent")
-    game = play_script(tokenizer, "simpleSokobanAgent", config, 2, ["no format", ORACLE, ORACLE])
+    game = play_script(tokenizer, "simpleSokobanAgent", config, 3, ["no format", ORACLE, ORACLE])
     good = task_row(game, 0, max_context_tokens=4096)["extra_info"]
     task = EpisodeTask.from_extra_info(good)
-    assert (task.preset, task.seed, task.agent_config) == ("simpleSokobanAgent", 2, config)
+    assert (task.preset, task.seed, task.agent_config) == ("simpleSokobanAgent", 3, config)
     for change, message in [
         ({"seed": None}, r"lacks \['seed'\]"),
         ({"seed": "2"}, "extra_info.seed='2'"),

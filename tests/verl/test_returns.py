@@ -16,6 +16,11 @@ from verl.workers.utils import losses
 from agentrl.verl import cpu_platform, returns
 
 
+def unpatched(function):
+    """verl's own function (a manager built earlier in this process may have patched it)."""
+    return getattr(function, "__wrapped_by_agentrl__", function)
+
+
 def test_the_patches_match_this_verl():
     for patch in returns._patches():
         assert callable(cpu_platform.check_patch(patch, verl.__version__))
@@ -39,7 +44,7 @@ def critic_batch(returns_value: float, prompt: int = 2, response: int = 3, **col
 ])
 def test_verls_value_loss_clips_at_the_returns_scale(monkeypatch, scale, loss, clip):
     monkeypatch.setenv(returns.VALUE_CLIP_ENV, scale)
-    scaled = returns._scaled_value_loss(losses.value_loss)
+    scaled = returns._scaled_value_loss(unpatched(losses.value_loss))
     config = CriticConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1)  # cliprange 0.5
     value, metrics = scaled(config, {"values": torch.full((5,), 3.0)}, critic_batch(10.0))
     assert float(value) == pytest.approx(loss)
@@ -50,7 +55,7 @@ def test_the_steps_scale_wins_over_the_micro_batchs(monkeypatch):
     """The legacy trainer stores the step's scale in every row: a micro-batch of small returns
     still clips at the step's scale, as the local engine does."""
     monkeypatch.setenv(returns.VALUE_CLIP_ENV, "returns")
-    scaled = returns._scaled_value_loss(losses.value_loss)
+    scaled = returns._scaled_value_loss(unpatched(losses.value_loss))
     config = CriticConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1)
     batch = critic_batch(1.0, **{returns.RETURN_SCALE: torch.tensor([8.0])})
     _, metrics = scaled(config, {"values": torch.full((5,), 3.0)}, batch)
@@ -77,7 +82,7 @@ def gae_batch(truncated: list[bool | None]) -> DataProto:
 
 def test_a_truncated_episode_bootstraps_from_its_last_value(monkeypatch):
     monkeypatch.setenv(returns.VALUE_CLIP_ENV, "returns")
-    patched = returns._compute_advantage(ray_trainer.compute_advantage)
+    patched = returns._compute_advantage(unpatched(ray_trainer.compute_advantage))
     data = patched(gae_batch([True, False]), "gae", gamma=1.0, lam=1.0, config={})
     got = data.batch["returns"]
     # gamma = lam = 1: each model token's return is the rewards after it, plus V(last) if cut
@@ -91,9 +96,9 @@ def test_a_truncated_episode_bootstraps_from_its_last_value(monkeypatch):
 
 def test_without_a_flag_verls_gae_is_unchanged(monkeypatch):
     monkeypatch.setenv(returns.VALUE_CLIP_ENV, "absolute")
-    patched = returns._compute_advantage(ray_trainer.compute_advantage)
+    patched = returns._compute_advantage(unpatched(ray_trainer.compute_advantage))
     data = gae_batch([None, False])
-    plain = ray_trainer.compute_advantage(gae_batch([None, False]), "gae", gamma=0.9, lam=0.95, config={})
+    plain = unpatched(ray_trainer.compute_advantage)(gae_batch([None, False]), "gae", gamma=0.9, lam=0.95, config={})
     data = patched(data, "gae", gamma=0.9, lam=0.95, config={})
     assert torch.equal(data.batch["returns"], plain.batch["returns"])
     assert returns.RETURN_SCALE not in data.batch.keys()
