@@ -196,7 +196,13 @@ def check_cluster(config: TrainConfig, address: Callable[[], str | None] = clust
         return importlib.util.find_spec("flash_attn") is not None, []
     import ray
 
-    _joined(found)
+    try:
+        _joined(found)
+    except ConnectionError as error:
+        raise ValueError(f"the Ray cluster at {found} (RAY_ADDRESS, or the last `ray start` on "
+                         f"this node) cannot be joined, and verl's ray.init() would join it "
+                         f"too: start it again, or `ray stop` to run without one ({error})"
+                         ) from None
     try:
         nodes = gpu_nodes(ray.nodes())
         if not nodes:

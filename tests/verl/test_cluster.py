@@ -77,6 +77,15 @@ def test_several_nodes_without_a_cluster_are_refused(tmp_path):
         cluster.check_cluster(config_for(tmp_path, "verl.nnodes=2"), address=lambda: None)
 
 
+def test_a_cluster_that_cannot_be_joined_is_named(tmp_path, monkeypatch):
+    def refuse(address):
+        raise ConnectionError("no GCS there")
+
+    monkeypatch.setattr(cluster, "_joined", refuse)
+    with pytest.raises(ValueError, match=r"10.0.0.1:6379 .* cannot be joined.*ray stop"):
+        cluster.check_cluster(config_for(tmp_path), address=lambda: "10.0.0.1:6379")
+
+
 def test_one_node_without_a_cluster_looks_up_flash_attn_here(tmp_path):
     flash_attn, notes = cluster.check_cluster(config_for(tmp_path), address=lambda: None)
     assert flash_attn == (importlib.util.find_spec("flash_attn") is not None) and notes == []
