@@ -123,6 +123,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="wall budget of a run's training, in minutes (default: none)")
     parser.add_argument("--val-groups", type=int, default=32,
                         help="held-out games, the same for every recipe (default 32)")
+    parser.add_argument("--val-every", type=int, default=None,
+                        help="also validate every K PPO steps: per-seed held-out curves in the "
+                             "JSON and the plot (default: at the last step only)")
     parser.add_argument("--arms", type=int, default=4, help=f"arms of {BANDIT} (default 4)")
     parser.add_argument("--run-dir", default="bench_results/learn_runs",
                         help="folder of the run folders (reused: a stopped benchmark resumes)")
@@ -143,7 +146,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--preset {BANDIT} allows --recipes {' '.join(BANDIT_RECIPES)}")
     if bandit and args.compare:
         parser.error(f"--compare needs an agent preset (--preset), not {BANDIT}")
-    for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms"):
+    if args.val_every is None:
+        args.val_every = args.steps
+    for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms",
+                 "val_every"):
         if getattr(args, name) < 1:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.minutes is not None and args.minutes <= 0:
@@ -158,6 +164,8 @@ class Configs:
 
     def __init__(self, args: argparse.Namespace):
         self.args = args
+        self.before: dict[bool, dict[str, Any]] = {}
+        """The untrained model's held-out row per decoding: the start of a PPO curve."""
         self.bandit_agents = None
         if args.preset == BANDIT:
             from agentrl.trainers.sanity import first_token_bandit, likely_arms
@@ -314,13 +322,15 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
     if minutes is not None and start_from is not None:
         minutes = max(minutes - start_from["train_minutes"], 1e-9)  # at least one step
     settings = configs.settings(steps=args.steps, minutes=args.minutes,
-                                start_from=start_from and start_from["checkpoint"])
+                                start_from=start_from and start_from["checkpoint"],
+                                **({"val_every": args.val_every}
+                                   if args.val_every != args.steps else {}))
     if (record := cached_stage(folder, settings)) is not None:
         return record
     config = configs.build(
         constrained=configs.decoding(recipe), seed=seed, run_dir=folder,
         model=start_from and start_from["checkpoint"],
-        extra=(f"train.total_steps={args.steps}", f"val.test_freq={args.steps}",
+        extra=(f"train.total_steps={args.steps}", f"val.test_freq={args.val_every}",
                "val.before_train=false", "trainer.keep_last=1"))
     start = time.perf_counter()
     trainer = LocalTrainer(config)
@@ -340,8 +350,13 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
     after["success_ci95"] = list(wilson_interval(after["success"] * games, games))
     train_s = sum(r.get("timing/step_s", 0.0) for r in records if r["step"] > 0)
     curve = [(r["step"], r.get(f"train/{args.preset}/success")) for r in records if r["step"] > 0]
+    origin = (start_from or {}).get("after") or configs.before.get(configs.decoding(recipe))
+    val_curve = ([(0, origin["success"])] if origin else []) + [
+        (r["step"], r[key + "success"]) for r in records
+        if r["step"] > 0 and r.get(key + "success") is not None]
     return save_stage(folder, settings, {
-        "after": after, "steps": run.step, "train_curve": curve, "checkpoint": str(run.checkpoint),
+        "after": after, "steps": run.step, "train_curve": curve, "val_curve": val_curve,
+        "checkpoint": str(run.checkpoint),
         "plot": str(run.plot) if run.plot else None, "train_minutes": train_s / 60,
         "wall_minutes": (time.perf_counter() - start) / 60})
 
@@ -412,6 +427,7 @@ def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]
     references = reference_rows(configs) if args.preset != BANDIT else {}
     befores = {c: untrained_stage(configs, c)["after"]
                for c in dict.fromkeys(map(configs.decoding, args.recipes))}
+    configs.before = befores
     runs: dict[str, list[dict[str, Any]]] = {}
     for name in args.recipes:
         recipe = RECIPES[name]
@@ -488,8 +504,14 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     from matplotlib.figure import Figure
 
     rows = result["summary"]
-    figure = Figure(figsize=(1.6 * len(rows) + 2.5, 3.8), layout="constrained")
-    axes = figure.add_subplot()
+    curves = {label: [run["stages"][-1]["val_curve"] for run in runs]
+              for label, runs in result["runs"].items()
+              if runs and runs[0].get("stages") and len(runs[0]["stages"][-1].get("val_curve", ())) > 2}
+    width = 1.6 * len(rows) + 2.5
+    figure = Figure(figsize=(width + 5.0 * bool(curves), 3.8), layout="constrained")
+    axes = figure.add_subplot(1, 1 + bool(curves), 1)
+    if curves:
+        plot_curves(figure.add_subplot(1, 2, 2), curves, result)
     x = range(len(rows))
     means = [100 * r["after_mean"] for r in rows]
     errors = [[m - 100 * r["after_min"] for m, r in zip(means, rows)],
@@ -509,6 +531,22 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     figure.savefig(path, dpi=100)
     return path
+
+
+def plot_curves(axes: Any, curves: dict[str, list[list]], result: dict[str, Any]) -> None:
+    """Held-out success per PPO step, one thin line per training seed, the mean thick."""
+    colors = iter(["tab:purple", "tab:orange", "tab:cyan", "tab:olive", "tab:brown"])
+    for label, runs in curves.items():
+        color = next(colors, "tab:gray")
+        for curve in runs:
+            axes.plot(*zip(*[(s, 100 * v) for s, v in curve]), color=color, alpha=0.35, lw=1)
+        steps = sorted(set.intersection(*(set(s for s, _ in curve) for curve in runs)))
+        means = [100 * statistics.fmean(dict(curve)[s] for curve in runs) for s in steps]
+        axes.plot(steps, means, color=color, lw=2.5, marker="o", label=f"{label} (mean)")
+    axes.set_xlabel("PPO step (0: where PPO starts)")
+    axes.set_ylabel(f"held-out greedy success % ({result['val_games']} games)")
+    axes.set_ylim(0, 105)
+    axes.legend(fontsize="small")
 
 
 if __name__ == "__main__":

@@ -64,3 +64,18 @@ def test_recipes_and_budgets_are_checked(bench, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--minutes", "0"])
     assert bench.parse_args([]).recipes == list(bench.RECIPES)
+
+
+@pytest.mark.slow
+def test_val_every_records_a_held_out_curve_per_seed(bench, tmp_path, one_torch_thread):
+    args = ["--recipes", "ppo_constrained", "--seeds", "2", "--steps", "2", "--val-every", "1",
+            "--val-groups", "2", "--run-dir", str(tmp_path / "runs"),
+            "--out", str(tmp_path / "learn.json"), "model=tiny", "threads=1"]
+    result = bench.main(args)
+    runs = result["runs"]["ppo_constrained"]
+    before = result["summary"][0]["before"]
+    for run in runs:
+        curve = run["stages"][-1]["val_curve"]
+        assert [step for step, _ in curve] == [0, 1, 2]
+        assert curve[0][1] == before and curve[-1][1] == run["after"]["success"]
+    assert Path(result["plot"]).stat().st_size > 0
