@@ -39,6 +39,7 @@ def first_games(game: str, preset: str, split: str, count: int) -> tuple[set, se
     return keys, observations
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("game", sorted(set(GAMES) - {"Bandit"}))
 def test_held_out_games_are_never_training_instances(game):
     seen = defaultdict(set)
