@@ -35,6 +35,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 
 from agentrl.models.parts import causal_lm
 
@@ -112,10 +113,14 @@ class StaticCacheDecoder:
         return cls(model, keys, values, valid, length)
 
     def step(self, tokens: torch.Tensor, positions: torch.Tensor,
-             valid: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+             valid: torch.Tensor | None = None,
+             allowed: Sequence[torch.Tensor | None] | None = None
+             ) -> tuple[torch.Tensor, torch.Tensor]:
         """Feed ``tokens`` ``[rows, width]`` at ``positions`` (``valid``: which are real, the
         rest left pads; None = all): the logits ``[rows, vocab]`` (float32) after each row's
-        last token, and the last hidden states ``[rows, width, hidden]`` they are read from."""
+        last token, and the last hidden states ``[rows, width, hidden]`` they are read from.
+        ``allowed``: per row, the only ids its next token may be (a constrained row's mask;
+        None = any): only their logits are computed, the others are -inf."""
         rows, width, column = self.rows, tokens.shape[1], self.length
         self._reserve(column + width)
         self.valid[:rows, column:column + width] = True if valid is None else valid
@@ -129,7 +134,27 @@ class StaticCacheDecoder:
             hidden = hidden + layer.mlp(layer.post_attention_layernorm(hidden))
         self.length = column + width
         hidden = self.decoder.norm(hidden)
-        return self.lm.lm_head(hidden[:, -1]).float(), hidden
+        return self._head(hidden[:, -1], allowed), hidden
+
+    def _head(self, last: torch.Tensor, allowed: Sequence[torch.Tensor | None] | None
+              ) -> torch.Tensor:
+        """The LM head on ``last`` ``[rows, hidden]``: only a row's allowed ids where it has
+        them (a masked answer step then reads a few rows of the head's weight, not 49k)."""
+        head = self.lm.lm_head
+        if (allowed is None or all(ids is None for ids in allowed)
+                or type(head) is not torch.nn.Linear):  # not with an adapter on the head
+            return head(last).float()
+        logits = torch.full((len(last), head.out_features), float("-inf"),
+                            dtype=torch.float32, device=last.device)
+        full = [row for row, ids in enumerate(allowed) if ids is None]
+        if full:
+            logits[full] = head(last[full]).float()
+        for row, ids in enumerate(allowed):
+            if ids is not None:
+                ids = ids.to(last.device)
+                bias = None if head.bias is None else head.bias[ids]
+                logits[row, ids] = F.linear(last[row], head.weight[ids], bias).float()
+        return logits
 
     def _bias(self, dtype: torch.dtype, width: int) -> torch.Tensor:
         """``[rows, 1, 1, width, columns]``: 0 where a new token may attend (a real column,

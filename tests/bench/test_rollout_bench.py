@@ -97,4 +97,4 @@ def test_jump_forward_runs_both_modes_side_by_side(bench, tmp_path):
     assert after["decode_steps_per_episode"] < before["decode_steps_per_episode"]
     assert result["fewer_decode_steps"] == pytest.approx(
         1 - after["decode_steps_per_episode"] / before["decode_steps_per_episode"], abs=1e-3)
-    assert len(result["load_average_1m"]) == 3
+    assert len(result["load_average_1m"]) == 4

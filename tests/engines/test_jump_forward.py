@@ -94,3 +94,13 @@ def test_a_step_of_several_tokens_a_row_grows_the_static_cache(tiny):
         assert torch.allclose(logits[row], out.logits[0, -1].float(), atol=1e-5)
         assert torch.allclose(hidden[row, 3 - len(chunk):], out.hidden_states[-1][0, -len(chunk):],
                               atol=1e-5)
+
+
+def test_decode_steps_count_the_forward_passes_after_the_prefill(tiny):
+    """A free request of 7 tokens without stops: the prefill gives the first, six decode steps
+    the rest; the counts reach ``agentrl eval --out``'s ``model.generation``."""
+    llm = BatchingLLM(*tiny, seed=0, eos_token_ids=())
+    llm.generate_batch(prompts(tiny[1], 2), SamplingParams(greedy=True, max_new_tokens=7))
+    stats = llm.stats.as_dict()
+    assert stats["decode_steps"] == 6 and stats["jumped_tokens"] == 0
+    assert stats["generated_tokens"] == 14

@@ -169,3 +169,24 @@ def test_lora_adapters_are_applied_in_the_static_decode(tiny):
     assert_same(results, plain.generate_batch(prompts, GREEDY), adapted, prompts)
     base = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=()).generate_batch(prompts, GREEDY)
     assert [ids for ids, _ in results] != [ids for ids, _ in base]
+
+
+def test_a_masked_row_gets_only_its_allowed_logits_and_those_exactly(tiny):
+    """The head reads only a constrained row's allowed ids (the rest -inf); a free row of the
+    same step gets every logit; both equal the full head's within float noise."""
+    from transformers import DynamicCache
+
+    model, tokenizer = tiny
+    prompt = torch.tensor([chat_prompts(tokenizer, 1)[0]] * 2)
+    cache = DynamicCache(config=model.config)
+    with torch.no_grad():
+        model(input_ids=prompt, past_key_values=cache, use_cache=True)
+        decoder = static_cache.StaticCacheDecoder.build(model, cache, torch.ones_like(prompt),
+                                                        None, steps=4)
+        last = torch.randn(2, model.config.hidden_size)
+        allowed = torch.tensor([3, 70, 4000])
+        logits = decoder._head(last, [allowed, None])
+        full = model.lm_head(last).float()
+    assert torch.allclose(logits[0, allowed], full[0, allowed], atol=1e-5)
+    assert torch.isinf(logits[0]).sum() == logits.shape[1] - len(allowed)
+    assert torch.allclose(logits[1], full[1], atol=1e-5)
