@@ -79,8 +79,9 @@ class AgentConfig:
     """Text between actions in the answer: 1-8 punctuation characters, no '<', '>' or spaces."""
     format_penalty: float | str = "auto"
     """Reward (<= 0) for a reply that breaks the format; no action is run that turn. ``auto``
-    (default): :meth:`format_penalty_for` the game, strictly below the worst turn of legal
-    actions, so breaking the format never pays better than acting."""
+    (default): :meth:`format_penalty_for` the game, strictly below the worst well-formed turn
+    (legal actions, or text the game cannot parse), so breaking the format never pays better
+    than writing it."""
     history_window: int = 0
     """Past turns kept in the prompt: 0 = all, K = the last K (instructions always kept)."""
     max_response_tokens: int = 400
