@@ -67,13 +67,14 @@ def end_session(session: int) -> None:
 
 
 def verl_steps(stdout: str) -> dict[int, dict[str, float]]:
-    """verl's console logger: ``step:N - key:value - ...`` per training step."""
+    """verl's console logger: ``step:N - key:value - ...`` per training step (a value may be
+    printed as numpy's ``np.float64(value)``, as the workers' metrics are)."""
     steps = {}
     for line in stdout.splitlines():
         found = re.search(r"step:(\d+) - (.*)", line)
         if found:
             steps[int(found[1])] = {key: float(value) for key, value in re.findall(
-                r"([\w/@.-]+):(-?[\d.]+(?:e[-+]?\d+)?)(?= - |$)", found[2])}
+                r"([\w/@.-]+):(?:np\.\w+\()?(-?[\d.]+(?:e[-+]?\d+)?)\)?(?= - |$)", found[2])}
     return steps
 
 
@@ -97,6 +98,8 @@ def test_verls_trainer_runs_checkpoints_and_resumes_on_cpu(tmp_path):
     assert sorted(logged) == [1, 2]
     for step in logged.values():  # vLLM sampled with the weights the trainer holds
         assert step["training/rollout_probs_diff_max"] < 1e-3
+        # the value clip scaled to the step's returns (agentrl.verl.returns, in verl's critic)
+        assert step["critic/cliprange_value"] >= 0.5
     assert train_steps(run_dir / "metrics.jsonl") == [1, 2]
 
     second = train(python, run_dir, steps=3)  # resume=auto: verl's resume_mode=auto
