@@ -58,7 +58,8 @@ class TextGameEnv(gymnasium.Env):
     - ``oracle_plan()``: actions that solve the game from the current state (``None`` if none).
     - ``render()``: the current state as text.
     - ``instance_key()``: what makes this game this game (room, start and goal, pieces,
-      world and mission) as text; equal keys mean the same instance, whatever the seed.
+      world and mission) as text; equal keys mean the same instance, whatever the seed
+      (default: the first observation).
 
     A reset with a seed of a split (``agentrl.envs.splits``) redraws ``_new_game`` until the
     instance belongs to that split (``instance_split(instance_key())``), so held-out games are
@@ -154,8 +155,11 @@ class TextGameEnv(gymnasium.Env):
         raise NotImplementedError
 
     def instance_key(self) -> str:
-        """The game instance as text (see the class docstring); read right after a reset."""
-        raise NotImplementedError
+        """The game instance as text (see the class docstring); read right after a reset.
+
+        By default the first observation: right for a game that shows its whole instance, and
+        never splitting one instance two ways; a game with hidden parts names them."""
+        return self._observation()
 
     def _draw_seed(self) -> int:
         """A seed for a library generator seeded per game: the episode's seed on a reset's

@@ -317,6 +317,7 @@ class SokobanEnv(TextGameEnv):
         level, state = parse_board(board)
         env = cls(**kwargs)
         env.fixed_board = board
+        env.instance_partition = "none"  # one instance, whatever the seed: nothing to split
         env.dim_room, env.num_boxes = (level.height, level.width), len(state[1])
         env.reset()
         return env

@@ -8,7 +8,7 @@ from typing import NamedTuple
 
 import numpy as np
 
-from agentrl.envs.base import TextGameEnv, Transition, resolve_preset
+from agentrl.envs.base import TextGameEnv, Transition, resolve_preset, seeded_child
 from agentrl.envs.search import shortest_plan
 
 PRESETS: dict[str, dict] = {
@@ -321,8 +321,10 @@ class TetrisEnv(TextGameEnv):
         return env
 
     def _new_game(self) -> None:
-        self.game = draw_game(self.np_random, self.dim_x, self.dim_y, self.box_type,
-                              self.max_steps + 1)
+        # A child generator per game: a redraw into the seed's split then takes one number of
+        # np_random whatever max_steps (the sequence's length) is.
+        rng = np.random.default_rng(seeded_child(self.np_random))
+        self.game = draw_game(rng, self.dim_x, self.dim_y, self.box_type, self.max_steps + 1)
         self.state = self.game.start()
 
     def instance_key(self) -> str:

@@ -90,3 +90,22 @@ def test_a_redrawn_game_is_still_a_function_of_its_seed():
     first, _ = env.reset(seed=seed)
     again = gymnasium.make(env_id("Sokoban"), preset="6x6")
     assert again.reset(seed=seed)[0] == first
+
+
+def test_a_fixed_board_resets_with_any_split_seed():
+    from agentrl.envs.sokoban import SokobanEnv
+
+    env = SokobanEnv.from_board("######\n#PX_O#\n######")
+    boards = {env.reset(seed=seed)[0] for seed in (0, 1_000_000, 2_000_000)}
+    assert len(boards) == 1
+
+
+def test_a_tetris_game_does_not_depend_on_the_step_budget():
+    """Redraws take one number of np_random per game, so max_steps (the sequence's length)
+    cannot change which game a seed plays."""
+    short = gymnasium.make(env_id("Tetris"), max_steps=40).unwrapped
+    long = gymnasium.make(env_id("Tetris")).unwrapped
+    for seed in split_seeds("val", 20):
+        short.reset(seed=seed)
+        long.reset(seed=seed)
+        assert short.instance_key() == long.instance_key()
