@@ -1,4 +1,4 @@
-"""verl's own trainer on a machine without a GPU: a ``cpu`` platform and three pinned patches.
+"""verl's own trainer on a machine without a GPU: a ``cpu`` platform and four pinned patches.
 
     agentrl train hardware=cpu-verl                 # sets everything below (configs/hardware/)
 
@@ -16,7 +16,7 @@ run needs. What the platform answers, and why:
   resource pools count; communication over ``gloo``; no CUDA IPC, so verl sends the weights to
   vLLM through shared memory.
 
-Three verl 0.9.1 functions fail on a CPU whatever the platform says; :data:`PATCHES` replaces
+Four verl 0.9.1 functions fail on a CPU whatever the platform says; :data:`PATCHES` replaces
 each, pinned to that version: :func:`apply_patches` refuses (naming the function) when verl's
 version, the function's signature or the code being worked around has changed, so a verl
 upgrade fails at start-up instead of mid-run. One vLLM setting too, pinned the same way
@@ -197,6 +197,20 @@ def _gloo_process_group(original: Callable) -> Callable:
     return initialize_global_process_group_ray
 
 
+def _gloo_global_process_group(original: Callable) -> Callable:
+    """The same for torchrun's processes (verl's SFT trainer): verl names
+    ``"cpu:gloo,cpu:gloo"``; plain ``gloo`` here, the rest as verl does it."""
+    def initialize_global_process_group(timeout_second=36000):
+        from datetime import timedelta
+
+        torch.distributed.init_process_group(backend="gloo",
+                                             timeout=timedelta(seconds=timeout_second),
+                                             init_method=os.environ.get("DIST_INIT_METHOD"))
+        return (int(os.environ["LOCAL_RANK"]), int(os.environ["RANK"]),
+                int(os.environ["WORLD_SIZE"]))
+    return initialize_global_process_group
+
+
 def _sdpa_value_model(original: Callable) -> Callable:
     """verl loads the critic with ``attn_implementation="flash_attention_2"`` written into the
     call (the actor reads ``override_config``); this loads it the way verl's first branch does,
@@ -234,6 +248,8 @@ PATCHES = (
     Patch("verl.utils.distributed", "initialize_global_process_group_ray",
           "(timeout_second=None, backend=None)", 'f"cpu:gloo,{get_device_name()}',
           _gloo_process_group),
+    Patch("verl.utils.distributed", "initialize_global_process_group", "(timeout_second=36000)",
+          'f"cpu:gloo,{get_device_name()}', _gloo_global_process_group),
     Patch("verl.utils.model", "load_valuehead_model",
           "(local_path, torch_dtype, model_config, trust_remote_code)",
           'attn_implementation="flash_attention_2"', _sdpa_value_model),
@@ -345,6 +361,15 @@ def keep_vllm_weights_reloadable() -> None:
 
 SDPA_ENV = "AGENTRL_VERL_SDPA"
 """Set to 1 on GPUs without flash-attn: only the critic's loader is patched (sdpa attention)."""
+
+
+def sft_overrides() -> list[str]:
+    """verl's SFT trainer (``sft_trainer_engine``) on this CPU: the device, fp32 compute, sdpa
+    attention without padding removal, no compile, no loader processes."""
+    return ["trainer.device=cpu", "engine.use_torch_compile=false",
+            "+engine.mixed_precision={param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}",
+            "+model.override_config.attn_implementation=sdpa", "model.use_remove_padding=false",
+            "data.num_workers=0"]
 
 
 def sdpa_overrides() -> list[str]:

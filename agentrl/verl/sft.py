@@ -24,8 +24,11 @@ global ``data.train_batch_size``, ``sft.micro_batch_size`` its ``micro_batch_siz
 ``sft.epochs``/``lr``/``weight_decay``/``grad_clip`` its epochs and optimizer, the ``lora``
 section its LoRA, ``verl.max_prompt_length + verl.max_response_length`` its ``max_length``.
 Checkpoints go to ``<sft.output_dir>/verl`` and include a Hugging Face model
-(``global_step_N/huggingface``) that ``agentrl train model=...`` starts from. On several nodes
-add torchrun's rendezvous options (``--rdzv_endpoint``) to the printed command on each node.
+(``global_step_N/huggingface``) that ``agentrl train model.name=<that folder>`` starts from.
+On several nodes add torchrun's rendezvous options (``--rdzv_endpoint``) to the printed command
+on each node. ``hardware=cpu-verl`` runs it on this CPU (one process, gloo, fp32, sdpa:
+:func:`agentrl.verl.cpu_platform.sft_overrides`); the model is loaded from where the PPO launch
+loads it (:func:`agentrl.verl.launch.model_path`: ``model=tiny_vllm`` is written there first).
 
 **Dry run.** The overrides are composed with hydra over verl's config folder and built into
 verl's config dataclasses as its trainer does (``omega_conf_to_dataclass`` of ``engine``,
@@ -43,7 +46,15 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import TrainConfig
-from agentrl.verl.launch import _chat_template, hydra_value, launch_env, verl_config_dir
+from agentrl.verl.launch import (
+    _chat_template,
+    _write_tiny_model,
+    hydra_value,
+    launch_env,
+    model_path,
+    on_cpu,
+    verl_config_dir,
+)
 
 __all__ = ["SFT_ENTRY", "SFT_TRAIN_FILE", "SFT_VAL_FILE", "compose_sft_config", "launch_sft",
            "sft_command", "sft_overrides", "sft_paths", "write_sft_data"]
@@ -131,10 +142,7 @@ def write_sft_data(config: TrainConfig, folder: str | Path) -> list[Path]:
 def sft_overrides(config: TrainConfig, data_paths: tuple[Path, Path]) -> list[str]:
     """Hydra overrides of verl's ``sft_trainer_engine`` config that run ``config.sft``; then
     ``verl.overrides`` is not applied (those are ppo_trainer keys)."""
-    from agentrl.models.loading import checkpoint_model_folder
-
     sft, v, model, lora = config.sft, config.verl, config.model, config.lora
-    folder = checkpoint_model_folder(Path(model.name).expanduser())
     settings: dict[str, Any] = {
         "data.train_files": str(Path(data_paths[0]).resolve()),
         "data.val_files": str(Path(data_paths[1]).resolve()),
@@ -144,7 +152,7 @@ def sft_overrides(config: TrainConfig, data_paths: tuple[Path, Path]) -> list[st
         "data.use_dynamic_bsz": False,
         "data.max_length": v.max_prompt_length + v.max_response_length,
         "data.truncation": "error",
-        "model.path": str(folder.resolve()) if folder.is_dir() else model.name,
+        "model.path": model_path(config),
         "model.enable_gradient_checkpointing": model.gradient_checkpointing,
         "engine.strategy": v.strategy,
         "engine.param_offload": v.param_offload,
@@ -169,7 +177,12 @@ def sft_overrides(config: TrainConfig, data_paths: tuple[Path, Path]) -> list[st
     if lora.rank:
         settings.update({"model.lora_rank": lora.rank, "model.lora_alpha": lora.alpha,
                          "model.target_modules": list(lora.target_modules)})
-    return [f"{key}={hydra_value(value)}" for key, value in settings.items()]
+    overrides = [f"{key}={hydra_value(value)}" for key, value in settings.items()]
+    if on_cpu(config):
+        from agentrl.verl import cpu_platform
+
+        overrides += cpu_platform.sft_overrides()
+    return overrides
 
 
 def compose_sft_config(overrides: list[str], validate: bool = True) -> Any:
@@ -243,5 +256,6 @@ def launch_sft(config: TrainConfig, dry_run: bool = False) -> int:
         return 0
     print(f"writing the SFT data into {paths[0].parent}", flush=True)
     write_sft_data(config, paths[0].parent)
+    _write_tiny_model(config)
     print(f"starting verl's SFT trainer ({len(overrides)} overrides)", flush=True)
     return subprocess.run(command, env=env, check=False).returncode

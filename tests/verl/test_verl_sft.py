@@ -81,3 +81,38 @@ def test_launch_writes_the_data_then_runs_torchrun(tmp_path, model_dir, monkeypa
     train, _ = verl_sft.sft_paths(config)
     assert len(pd.read_parquet(train)) == 8
     assert calls and calls[0][1:3] == ["-m", "torch.distributed.run"]
+
+
+def cpu_sft_config(run_dir, *extra: str):
+    return compose_config(["backend=verl", "hardware=cpu-verl", "model=tiny_vllm",
+                           f"run_dir={run_dir}", "sft.presets=[banditAgent]", "sft.episodes=8",
+                           "sft.mini_batch_size=8", "sft.micro_batch_size=8", "sft.epochs=1",
+                           "val.presets=[banditAgent]", "val.group_num=8",
+                           "trainer.logger=[console]", "trainer.wandb_mode=disabled", *extra])
+
+
+def test_cpu_verl_sft_runs_on_the_cpu_platform(tmp_path):
+    """hardware=cpu-verl: verl's SFT trainer on this CPU, on the model the PPO launch loads."""
+    from agentrl.verl.launch import model_path
+
+    config = cpu_sft_config(tmp_path)
+    cfg = verl_sft.compose_sft_config(verl_sft.sft_overrides(config, verl_sft.sft_paths(config)))
+    assert cfg.trainer.device == "cpu" and cfg.model.use_remove_padding is False
+    assert cfg.model.override_config.attn_implementation == "sdpa"
+    assert cfg.engine.mixed_precision.param_dtype == "fp32" and cfg.engine.strategy == "fsdp2"
+    assert cfg.model.path == model_path(config).removesuffix("/")   # tiny-vllm-hf, not a hub id
+
+
+@pytest.mark.slow
+def test_verls_sft_trainer_runs_on_cpu_and_saves_a_model_ppo_starts_from(tmp_path):
+    """torchrun + verl's own SFT trainer, one step on this CPU (gloo, fp32, sdpa): a
+    Hugging Face model folder in its checkpoint, which ``agentrl train model.name=`` loads."""
+    run_dir = tmp_path / "run"
+    config = cpu_sft_config(run_dir)
+    assert verl_sft.launch_sft(config) == 0
+    folder = run_dir / "sft" / "verl" / "global_step_1" / "huggingface"
+    assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
+    ppo = compose_config(["hardware=cpu-verl", f"model.name={folder}", f"run_dir={tmp_path}/ppo"])
+    from agentrl.verl.launch import model_path
+
+    assert model_path(ppo) == str(folder.resolve())
