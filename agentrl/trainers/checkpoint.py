@@ -121,7 +121,10 @@ def save_checkpoint(run_dir: str | Path, step: int, *,
     and its tokenizer), saved into ``<name>/``. ``tensors``: name -> anything ``torch.save``
     stores, saved as ``<name>.pt``. ``config``: a mapping, dataclass or OmegaConf config, saved
     as ``config.yaml``. ``keep_last``: keep only the newest K complete checkpoints (``None``:
-    all). A checkpoint already saved for ``step`` is replaced.
+    all). A checkpoint already saved for ``step`` is replaced, and so is every later one: a run
+    that saves ``step`` resumed from before them (a damaged newest checkpoint, ``resume=`` an
+    older one), so they are an abandoned future that must neither be resumed nor count
+    among the kept.
     """
     if isinstance(step, bool) or not isinstance(step, int) or step < 0:
         raise ValueError(f"step must be a non-negative int, got {step!r}")
@@ -143,6 +146,9 @@ def save_checkpoint(run_dir: str | Path, step: int, *,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+    for later in root.iterdir():
+        if STEP_DIR.fullmatch(later.name) and int(later.name.split("_")[1]) > step:
+            _delete(later)
     if keep_last is not None:
         for old in list_checkpoints(run_dir)[:-keep_last]:
             _delete(old)
@@ -432,8 +438,9 @@ def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
 def model_folder(path: str | Path) -> Path:
     """The model folder ``path`` stands for, verified: a model folder (``config.json``, or a
     peft adapter) or ``.gguf`` file itself; a checkpoint folder's ``actor/``; a run folder's
-    newest intact checkpoint's ``actor/`` (its own ``checkpoints/``, else ``agentrl sft``'s
-    ``sft/checkpoints/``). ``ValueError`` saying what ``path`` is and what is allowed."""
+    newest intact checkpoint's ``actor/`` (``agentrl sft``'s ``sft/checkpoints/`` first, else its
+    own ``checkpoints/``: ``agentrl train model=<sft run> run_dir=<the same folder>`` then
+    starts from the same model on every relaunch, not from its own PPO checkpoints). ``ValueError`` saying what ``path`` is and what is allowed."""
     path = Path(path).expanduser()
     allowed = ("allowed: a model folder (config.json), a checkpoint folder (checkpoints/step_N) "
                "or a run folder with checkpoints/")
@@ -451,7 +458,7 @@ def model_folder(path: str | Path) -> Path:
             raise ValueError(f"checkpoint {path} is damaged ({problem}); allowed: an intact "
                              "checkpoint, or its run folder (the newest intact one is taken)")
     else:
-        runs = [path / CHECKPOINTS_DIR, path / "sft" / CHECKPOINTS_DIR]
+        runs = [path / "sft" / CHECKPOINTS_DIR, path / CHECKPOINTS_DIR]
         root = next((r for r in runs if r.is_dir() and any(r.iterdir())), None)
         if root is None:
             raise ValueError(f"{path} holds no model, checkpoint or checkpoints/; {allowed}")

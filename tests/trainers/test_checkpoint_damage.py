@@ -108,3 +108,38 @@ def test_model_folder_takes_a_run_folders_newest_intact_checkpoint(tmp_path, tin
     (tmp_path / "empty").mkdir()
     with pytest.raises(ValueError, match="holds no model, checkpoint or checkpoints/"):
         model_folder(tmp_path / "empty")
+
+
+def test_a_run_resumed_before_a_damaged_checkpoint_replaces_it_and_keeps_its_own(tmp_path):
+    """Resumed from step 2 past a damaged step 3, the run's next saves are the newest: the
+    abandoned step 3 neither stays the "newest" nor pushes the good ones out of keep_last."""
+    first, second, newest = _run(tmp_path)
+    _zero_first_bytes(newest / "trainer_state.pt")
+    assert resume_checkpoint(tmp_path, "auto") == second
+    state = {"trainer_state": {"w": torch.arange(64.)}}
+    save_checkpoint(tmp_path, 3, tensors=state, config=CONFIG, keep_last=1)
+    assert resume_checkpoint(tmp_path, "auto").name == "step_000003"
+    assert checkpoint_problem(resume_checkpoint(tmp_path, "auto")) is None
+    _run(tmp_path, (4, 5))
+    save_checkpoint(tmp_path, 4, tensors=state, config=CONFIG, keep_last=2)
+    kept = sorted(p.name for p in (tmp_path / "checkpoints").iterdir())
+    assert kept == ["step_000003", "step_000004"]
+
+
+def test_a_run_folder_with_an_sft_run_stands_for_the_sft_model_on_every_relaunch(tmp_path):
+    """``agentrl train model=<sft run> run_dir=<the same folder>``: once PPO has saved its own
+    checkpoints there, the same command still starts from the SFT model."""
+    sft = save_checkpoint(tmp_path / "sft", 24, models={"actor": _FolderModel()}, config=CONFIG)
+    first = model_folder(tmp_path)
+    save_checkpoint(tmp_path, 5, models={"actor": _FolderModel()}, config=CONFIG)
+    assert model_folder(tmp_path) == first == sft / "actor"
+
+
+class _FolderModel:
+    """A stand-in with ``save_pretrained``: a model folder with a config.json."""
+
+    def save_pretrained(self, folder):
+        from pathlib import Path
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "config.json").write_text("{}")
