@@ -428,7 +428,8 @@ class BatchingLLM:
             keep, chunks = [], []
             for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
                 row = active[batch_row]
-                chunk = replies.add(row, token, logprob, None if masks is None else masks[batch_row],
+                chunk = replies.add(row, token, logprob,
+                                    None if masks is None else masks[batch_row],
                                     None if last is None else last[batch_row])
                 if replies.done(row):
                     self._remember(prompts[row] + replies.cached_ids(row), decoder, batch_row)

@@ -455,7 +455,7 @@ def embedded_rows(args: argparse.Namespace) -> list[dict]:
         llm.close()
 
 
-# -- jump-forward: the real model, step by step vs jump ---------------------------------------------
+# -- jump-forward: the real model, step by step vs jump -------------------------------------------
 
 
 def jump_forward_result(args: argparse.Namespace) -> dict:
