@@ -43,8 +43,9 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   are appended at once, with log-prob 0 (probability 1 under their one-id mask, which they
   carry like any token) and no decode step of their own; the next step feeds the row's chosen
   token and its forced ones together (rows left-padded to the longest), so a forced run costs
-  one forward pass, not one each. The tokens, log-probs and masks are those of step-by-step
-  decoding (tests compare them); ``GenerationStats.decode_steps`` counts the forward passes and
+  one forward pass, not one each. The distribution is that of step-by-step decoding; greedy
+  decoding gives the same tokens, log-probs and masks (tests compare them), while sampling
+  with the same seed draws differently (a forced token draws no random number); ``GenerationStats.decode_steps`` counts the forward passes and
   ``jumped_tokens`` the tokens that had none. A row asking for features never jumps its last
   token (its feature needs the pass over the tokens before it); a row that ends in a jump
   stores in the prefix cache the tokens it fed.
@@ -212,7 +213,7 @@ class BatchingLLM:
             weights, bf16 matmuls, as the local trainer computes); None = the weights' dtype.
         jump_forward: where a constrained row's grammar allows one token only, append it
             without a decode step of its own (see the module docstring); False decodes every
-            token in its own step (the same tokens and log-probs, more forward passes).
+            token in its own step (the same distribution, more forward passes).
         masked_head: on the static-cache path, a constrained row whose mask allows a few ids
             gets only their logits from the LM head (a few of its 49k rows), the rest -inf:
             the same masked distribution at a fraction of the head's cost.
