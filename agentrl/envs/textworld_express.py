@@ -18,7 +18,7 @@ from functools import cache
 from agentrl.envs.base import (
     TextGameEnv, Transition, normalize_action, resolve_preset, seeded_child,
 )
-from agentrl.envs.splits import SEED_RANGES, split_of
+from agentrl.envs.splits import SEED_RANGES, split_of_or_none
 
 PRESETS: dict[str, dict] = {
     # The package's own game parameters (its README lists each game's options).
@@ -103,9 +103,9 @@ def new_game_server():
 def split_and_offset(env_seed: int) -> tuple[str, int]:
     """The env seed's split and its place in it; a seed outside every split range (any
     Gymnasium seed is allowed) counts as a training seed at offset ``env_seed``."""
-    if not any(env_seed in seeds for seeds in SEED_RANGES.values()):
+    split = split_of_or_none(env_seed)
+    if split is None:
         return "train", env_seed
-    split = split_of(env_seed)
     return split, env_seed - SEED_RANGES[split].start
 
 

@@ -146,8 +146,8 @@ def save_checkpoint(run_dir: str | Path, step: int, *,
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    for later in root.iterdir():
-        if STEP_DIR.fullmatch(later.name) and int(later.name.split("_")[1]) > step:
+    for later in _step_folders(root):
+        if _folder_step(later) > step:
             _delete(later)
     if keep_last is not None:
         for old in list_checkpoints(run_dir)[:-keep_last]:
@@ -276,6 +276,18 @@ def checkpoint_step(folder: str | Path) -> int | None:
     return step
 
 
+def _step_folders(root: Path) -> list[Path]:
+    """The ``step_N`` folders of a ``checkpoints/`` folder, complete or not."""
+    if not root.is_dir():
+        return []
+    return [p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)]
+
+
+def _folder_step(folder: Path) -> int:
+    """N of a ``step_N`` folder's name."""
+    return int(STEP_DIR.fullmatch(folder.name).group(1))
+
+
 def _listed_size(entry: Any) -> int | None:
     """A manifest entry's size: ``{"bytes": n, "sha256": ...}``, or ``n`` (older manifests)."""
     return entry.get("bytes") if isinstance(entry, dict) else entry
@@ -344,8 +356,7 @@ def newest_intact_checkpoint(checkpoints: str | Path) -> Path | None:
     """The newest intact ``step_*`` folder of a ``checkpoints/`` folder, damaged newer ones
     named in a warning; ``None`` when it holds none; ``ValueError`` when every one is damaged."""
     root = Path(checkpoints)
-    folders = sorted((p for p in root.iterdir() if p.is_dir() and STEP_DIR.fullmatch(p.name)),
-                     key=lambda p: int(p.name.split("_")[1]), reverse=True) if root.is_dir() else []
+    folders = sorted(_step_folders(root), key=_folder_step, reverse=True)
     damaged = []
     for folder in folders:
         problem = checkpoint_problem(folder)
