@@ -12,8 +12,8 @@ An episode, turn by turn:
    the game's ``rules``, the answer format, the limits and the initial state.
 2. ``step(reply)``: the reply is parsed (:mod:`agentrl.agents.parsing`).
    - Bad format (by the preset's ``answer_format``): reward = ``Agent.format_penalty`` (the
-     preset's number, or with ``auto`` one derived from the game's ``worst_legal_reward``:
-     below any turn of legal actions), no env step, the turn is used up.
+     preset's number, or with ``auto`` one derived from the game's ``worst_action_reward``:
+     below any well-formed turn), no env step, the turn is used up.
    - Good format: at most ``max_actions_per_turn`` actions (the rest are dropped), and no more
      than the actions left of ``max_actions_all_turns``, run in order until the game ends.
      Reward = the sum of the env's rewards for them. Invalid actions are the game's business
@@ -117,7 +117,7 @@ class Agent:
         self.config = config
         self.spec = GAME_SPECS[config.game]
         self.env = gymnasium.make(env_id(config.game), **config.env_kwargs)
-        self.format_penalty = config.format_penalty_for(self.env.unwrapped.worst_legal_reward)
+        self.format_penalty = config.format_penalty_for(self.env.unwrapped.worst_action_reward)
         self.turn = 0
         self.actions_used = 0
         self.done = True  # until reset

@@ -23,7 +23,6 @@ from typing import Any
 
 from agentrl.agents.parsing import ANSWER_FORMATS
 from agentrl.envs import GAMES
-from agentrl.envs.blocksworld import UNPARSEABLE_PENALTY
 
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "agents.yaml"
 """``<repo>/configs/agents.yaml``: found from the package, not from the working directory."""
@@ -41,11 +40,6 @@ FORMAT_MARGIN = 0.1
 """How far ``format_penalty: auto`` sits below the worst legal turn (the old flat penalty), so a
 malformed reply is strictly worse than any turn of legal actions, even in a game whose legal
 actions never cost anything (TextWorld, Bandit)."""
-WORST_TEXT_REWARD = {"BlocksWorld": UNPARSEABLE_PENALTY}
-"""Per game, the least one action's text earns when it is below ``worst_legal_reward`` (text
-the game cannot parse): ``auto`` prices a malformed reply below a well-formed turn of such
-texts, so writing the format never pays worse than breaking it (the other games score
-unparseable text at or above their worst legal action)."""
 
 
 @dataclass(frozen=True)
@@ -103,13 +97,13 @@ class AgentConfig:
             raise ValueError("enable_think=True is not allowed with answer_format='plain'; "
                              "allowed: enable_think=false (a plain reply has no think block)")
 
-    def format_penalty_for(self, worst_legal_reward: float) -> float:
-        """The reward of a malformed reply in a game whose legal actions pay at least
-        ``worst_legal_reward`` each (the env's attribute of that name).
+    def format_penalty_for(self, worst_action_reward: float) -> float:
+        """The reward of a malformed reply in a game whose action texts pay at least
+        ``worst_action_reward`` each (the env's property of that name: legal actions, and text
+        the game cannot parse where that costs more).
 
-        ``auto`` = ``worst x k - FORMAT_MARGIN`` with ``worst`` the least of
-        ``worst_legal_reward`` and the game's :data:`WORST_TEXT_REWARD` (any action text, legal
-        or not) and ``k = max(max_actions_per_turn, ceil(max_actions_all_turns / max_turns))``:
+        ``auto`` = ``worst x k - FORMAT_MARGIN`` with ``worst = min(0, worst_action_reward)``
+        and ``k = max(max_actions_per_turn, ceil(max_actions_all_turns / max_turns))``:
         below a full well-formed turn of the worst action texts (``k >= max_actions_per_turn``),
         and ``max_turns`` malformed replies below spending the whole action budget on them
         (``max_turns x k >= max_actions_all_turns``). So every turn and every episode of
@@ -119,7 +113,7 @@ class AgentConfig:
             return self.format_penalty
         actions = max(self.max_actions_per_turn,
                       math.ceil(self.max_actions_all_turns / self.max_turns))
-        worst = min(0.0, worst_legal_reward, WORST_TEXT_REWARD.get(self.game, 0.0))
+        worst = min(0.0, worst_action_reward)
         return worst * actions - FORMAT_MARGIN
 
 

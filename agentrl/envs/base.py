@@ -79,6 +79,18 @@ class TextGameEnv(gymnasium.Env):
     prices a malformed reply below a whole turn of such actions, so breaking the format never
     pays better than acting; a game with negative rewards must lower it (the contract test
     checks it against random legal play)."""
+    worst_text_reward: float | None = None
+    """The lowest reward any action text can get, legal or not, where that is below
+    ``worst_legal_reward`` (BlocksWorld: -5 for text that is no move); None: it is not. The
+    agent layer prices a malformed reply below a well-formed turn of such texts too, so writing
+    the format never pays worse than breaking it."""
+
+    @property
+    def worst_action_reward(self) -> float:
+        """The lowest reward one action text of a well-formed reply can get."""
+        if self.worst_text_reward is None:
+            return self.worst_legal_reward
+        return min(self.worst_legal_reward, self.worst_text_reward)
 
     instance_partition: str = "hash"
     """How held-out games stay apart from training instances: ``"hash"`` (the instance key's

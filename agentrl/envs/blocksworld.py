@@ -194,6 +194,7 @@ class BlocksWorldEnv(TextGameEnv):
     """
 
     worst_legal_reward = MOVE_PENALTY  # illegal (-1) and unparseable (-5) text is not legal
+    worst_text_reward = UNPARSEABLE_PENALTY
     rules = (
         "BlocksWorld: rearrange the numbered blocks until they match the goal state.\n"
         "Action: 'move X to Y' puts block X on block Y, or on the table when Y is 0. Only a "
