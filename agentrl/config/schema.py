@@ -279,7 +279,8 @@ class RolloutConfig(Section):
     """Each turn's reward on its last token (turn) or the episode's score at the end (last)."""
     constrained_actions: bool | None = None
     """Mask each reply to well-formed answers of the turn's valid actions (thinking stays
-    free); null = on with backend=local, off with verl (which cannot: docs/TRAINING.md)."""
+    free); null = on with backend=local, off with verl (true there: vLLM's sampler and verl's
+    actor both masked, agentrl.verl.constrained; docs/TRAINING.md)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -659,13 +660,11 @@ class TrainConfig(Section):
     def _check_verl(self) -> None:
         """What verl cannot run, or would reject later (after Ray and the models start)."""
         _check_verl_model(self.model.name)
-        if self.rollout.constrained_actions:
-            raise ValueError(
-                "rollout.constrained_actions=true is not allowed with backend='verl': vLLM could "
-                "mask the sampler (structured output), but verl 0.9.1's actor recomputes old and "
-                "new log-probs over the full vocabulary with no per-token mask, so PPO's ratio "
-                "would compare the masked sampler with an unmasked policy; allowed: false or "
-                "null (off on verl)")
+        if self.rollout.constrained_actions and self.verl.trainer != "legacy":
+            raise ValueError(  # agentrl.verl.constrained: the masks ride in non_tensor_batch
+                f"verl.trainer={self.verl.trainer!r} is not allowed with "
+                "rollout.constrained_actions=true: the token masks are carried and checked on "
+                "the legacy trainer's path only; allowed: 'legacy'")
         unsupported = {  # local-engine features that verl's trainer has no counterpart for
             "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
             "rollout.norm_method": (self.rollout.norm_method, "identity"),

@@ -103,12 +103,16 @@ from agentrl.agents import (
     TurnResult,
     agent_presets_from_dict,
 )
-from agentrl.engines import SamplingParams
+from agentrl.engines import Generation, SamplingParams
+from agentrl.engines.constrained import TokenTexts
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import REWARD_PLACEMENTS, ChatSuffix, Trajectory, run_episode
 from agentrl.rollout.batch import kept_turns, token_rewards
 from agentrl.rollout.episode_record import episode_record
 from agentrl.verl import AGENT_NAME
+from agentrl.verl.constrained import (
+    EXTRA_ARGS_KEY, MASKS_FIELD, RowMasks, TurnConstraint, processor_configured, replay_masks,
+)
 from agentrl.verl.episodes import VerlEpisodeLog
 from agentrl.verl.metrics import EpisodeMetricsLog
 from agentrl.verl.returns import TRUNCATED, patch_compute_advantage
@@ -285,7 +289,7 @@ class BudgetedAgent:
 
     ``reset`` returns the opening made off the event loop (by :func:`open_episode`), once;
     ``step`` ends the episode when the next observation and one reply token would not fit
-    ``budget``. ``config``, ``spec`` and ``success`` are the agent's.
+    ``budget``. ``config``, ``spec``, ``success`` and ``answer_grammar`` are the agent's.
     """
 
     def __init__(self, agent: Agent, seed: int, opening: list[dict], budget: ResponseBudget,
@@ -307,6 +311,9 @@ class BudgetedAgent:
     @property
     def success(self) -> bool:
         return self.agent.success
+
+    def answer_grammar(self) -> Any:
+        return self.agent.answer_grammar()
 
     def reset(self, seed: int | None = None) -> list[dict]:
         if self._opening is None or seed != self._seed:
@@ -341,11 +348,18 @@ class ServerLLM:
     ``max_new_tokens`` (cut to what the budget has left) and ``stop_token_ids``. Records what
     verl's own loops report from the server: its ``extra_fields`` (weights versions) and
     preemptions.
+
+    A request with an ``answer_grammar`` (constrained actions) also carries its
+    :class:`~agentrl.verl.constrained.TurnConstraint` in ``extra_args``, for vLLM's logits
+    processor, and returns a :class:`~agentrl.engines.Generation` with each token's mask,
+    replayed here from the same constraint (``texts``: the tokenizer's token texts; ``width``:
+    the model's logits per token). ``constraint_violations`` counts replies with a token
+    outside its mask (the processor was not applied to them).
     """
 
     def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any],
                  budget: ResponseBudget, end_of_turn: Sequence[int], *, request_id: str,
-                 priority: int = 0):
+                 priority: int = 0, texts: TokenTexts | None = None, width: int = 0):
         self.server_manager = server_manager
         self.sampling_params = dict(sampling_params)
         self.budget = budget
@@ -356,6 +370,8 @@ class ServerLLM:
         self.priority = priority
         self.server_fields: dict[str, Any] = {}
         self.num_preempted = -1
+        self.texts, self.width = texts, width
+        self.constraint_violations = 0
 
     async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams
                        ) -> tuple[list[int], list[float]]:
@@ -366,6 +382,10 @@ class ServerLLM:
         stop = dict.fromkeys([*(self.sampling_params.get("stop_token_ids") or []),
                               *sampling.stop_token_ids])
         params = {**self.sampling_params, "max_tokens": max_tokens, "stop_token_ids": list(stop)}
+        constraint = self._constraint(sampling, max_tokens)
+        if constraint is not None:
+            params["extra_args"] = {**(params.get("extra_args") or {}),
+                                    EXTRA_ARGS_KEY: constraint.to_wire()}
         for _ in range(ABORT_RETRIES + 1):
             output = await self.server_manager.generate(
                 request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params,
@@ -384,7 +404,22 @@ class ServerLLM:
         self._record(output)
         # what run_episode appends: the reply, and a closing token when the reply was cut
         self.budget.used += len(ids) + (ids[-1] not in self.end_of_turn)
-        return ids, logprobs
+        if constraint is None:
+            return ids, logprobs
+        masks, violations = await asyncio.to_thread(replay_masks, constraint, self.texts, ids)
+        self.constraint_violations += violations
+        return Generation(ids, logprobs, masks)
+
+    def _constraint(self, sampling: SamplingParams, max_tokens: int) -> TurnConstraint | None:
+        """The request's constraint: its grammar, ended by the chat template's end-of-turn
+        (the first end-of-turn id, as the local engine ends a constrained reply)."""
+        if sampling.answer_grammar is None:
+            return None
+        if self.texts is None or self.width < 1:
+            raise RuntimeError(f"request {self.request_id}: a constrained request needs the "
+                               "tokenizer's texts and the logits' width (ServerLLM texts, width)")
+        return TurnConstraint(sampling.answer_grammar, self.eos_token_ids[:1], self.width,
+                              max_tokens)
 
     def _record(self, output: Any) -> None:
         """Keep the first turn's server fields, the newest weights version and summed
@@ -418,10 +453,13 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
                    with_logprobs: bool, turn_gamma: float = 1.0,
                    server_fields: Mapping[str, Any] | None = None,
                    num_preempted: int = -1, budget_exhausted: bool = False,
-                   index: int | None = None) -> GameAgentLoopOutput:
+                   index: int | None = None, constraint_violations: int = 0
+                   ) -> GameAgentLoopOutput:
     """verl's output record of one episode (see the module docstring). ``extra_fields``
     carries the episode's outcome (``EPISODE_INFO``) with its task row's ``index``, which
-    :class:`GameAgentLoopManager` turns into our metrics.
+    :class:`GameAgentLoopManager` turns into our metrics. A constrained episode's token masks
+    travel in ``extra_fields[MASKS_FIELD]`` (:class:`~agentrl.verl.constrained.RowMasks`;
+    None when unconstrained), for the trainer's masked engine.
 
     The response is cut after the last model token (no trailing observation, no closing token
     of a cut final reply) and to ``response_length``.
@@ -431,6 +469,9 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
     outcome = trajectory.outcome()
     if budget_exhausted:  # on verl the response budget is the context that ran out
         outcome.metrics["context_exhausted"] = 1.0
+    if constraint_violations:
+        outcome.metrics["constraint_violations"] = float(constraint_violations)
+    masks = trajectory.response_token_masks
     info = {**outcome.to_dict(), "index": index}
     return GameAgentLoopOutput(
         prompt_ids=list(trajectory.prompt_ids),
@@ -446,6 +487,7 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
                       "turn_scores": [reward for _, reward in kept_turns(trajectory, end)],
                       "tool_rewards": [], EPISODE_INFO: info, TRUNCATED: bool(budget_exhausted),
                       "reward_extra_info": reward_extra_info(outcome),
+                      MASKS_FIELD: RowMasks.pack(None if masks is None else masks[:end]),
                       EPISODE_RECORD: episode_record(trajectory, split="")},
     )
 
@@ -470,6 +512,16 @@ def generation_config(model_path: str) -> Any:
         return None
 
 
+@lru_cache(maxsize=8)
+def logits_width(model_path: str) -> int:
+    """The model's logits per token (its text config's ``vocab_size``): vLLM's and the
+    trainer's logits rows, which a constrained reply's masks cover."""
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(model_path))
+    return int(config.get_text_config().vocab_size)
+
+
 @register(AGENT_NAME)
 class GameAgentLoop(AgentLoopBase):
     """Plays one game episode per trajectory (verl makes a new instance for each)."""
@@ -483,15 +535,20 @@ class GameAgentLoop(AgentLoopBase):
         try:
             budget = ResponseBudget(self._response_budget(task, len(prompt_ids)))
             deterministic = bool(getattr(rollout, "full_determinism", False))
+            model_path = self.config.actor_rollout_ref.model.path
+            constrained = processor_configured(rollout)
             llm = ServerLLM(self.server_manager, sampling_params, budget,
-                            end_of_turn_ids(self.tokenizer, generation_config(
-                                self.config.actor_rollout_ref.model.path)),
+                            end_of_turn_ids(self.tokenizer, generation_config(model_path)),
                             request_id=f"det-{priority}" if deterministic else uuid.uuid4().hex,
-                            priority=int(priority))
+                            priority=int(priority),
+                            texts=(await asyncio.to_thread(TokenTexts.of, self.tokenizer)
+                                   if constrained else None),
+                            width=logits_width(model_path) if constrained else 0)
             max_new = task.agent_config.max_response_tokens
             trajectory = await run_episode(
                 BudgetedAgent(agent, task.seed, opening, budget, suffix), task.seed, llm,
-                self.tokenizer, SamplingParams(max_new_tokens=max_new),
+                self.tokenizer, SamplingParams(max_new_tokens=max_new,
+                                               constrained_actions=constrained),
                 # room for the whole budget: the budget, not a dropped turn, ends the episode
                 max_context_tokens=len(prompt_ids) + budget.total + max_new,
                 preset=task.preset, suffix=suffix)
@@ -506,7 +563,8 @@ class GameAgentLoop(AgentLoopBase):
             reward_placement=task.reward_placement, turn_gamma=task.turn_gamma,
             with_logprobs=bool(sampling_params.get("logprobs")), server_fields=llm.server_fields,
             num_preempted=llm.num_preempted, budget_exhausted=budget.exhausted,
-            index=row_index(kwargs.get("extra_info")))
+            index=row_index(kwargs.get("extra_info")),
+            constraint_violations=llm.constraint_violations)
 
     def _response_budget(self, task: EpisodeTask, prompt_tokens: int) -> int:
         """min(response_length, max_context_tokens - first prompt); the first prompt must fit
@@ -560,6 +618,10 @@ class GameAgentLoopManager(AgentLoopManager):
         patch_compute_advantage()  # this process (the TaskRunner) runs the trainer's GAE
         self.agent_loop_workers_class = ray.remote(GameAgentLoopWorker)
         super().__init__(*args, **kwargs)
+        if processor_configured(self.rollout_config):  # the actor must train on the masks
+            from agentrl.verl.masked_engine import check_masked_engine
+
+            check_masked_engine(self.config.actor_rollout_ref.actor.strategy)
         self.episode_metrics = EpisodeMetricsLog.for_verl(self.config)
         self.episode_log = VerlEpisodeLog.for_verl(self.config)
 

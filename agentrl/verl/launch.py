@@ -74,7 +74,7 @@ import agentrl
 from agentrl.config import TrainConfig
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.tracking import METRICS_FILE
-from agentrl.verl import preflight, returns
+from agentrl.verl import constrained, preflight, returns
 from agentrl.verl.cluster import check_cluster
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
 
@@ -266,6 +266,9 @@ def _rollout(config: TrainConfig) -> dict[str, Any]:
         f"{prefix}.val_kwargs.top_p": 1.0,
         f"{prefix}.val_kwargs.top_k": -1,
         f"{prefix}.val_kwargs.do_sample": False,
+        # constrained actions: vLLM masks the sampler (the trainer's side: launch_env)
+        **({f"+{prefix}.engine_kwargs.vllm.logits_processors": [constrained.PROCESSOR]}
+           if config.constrained_actions else {}),
     }
 
 
@@ -319,7 +322,7 @@ def _fsdp(prefix: str, engine: str, strategy: str, param_offload: bool, optimize
 
 EXTERNAL_MODULES = "VERL_USE_EXTERNAL_MODULES"
 WORKER_ENV = ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR", "AGENTRL_CACHE", EXTERNAL_MODULES,
-              returns.VALUE_CLIP_ENV)
+              returns.VALUE_CLIP_ENV, *constrained.launch_env())
 """Variables every Ray worker needs; a Ray cluster started before the launch (always so on
 several nodes) would not inherit them, so they travel in Ray's ``runtime_env``."""
 
@@ -463,7 +466,10 @@ def launch_env(config: TrainConfig, base: Mapping[str, str] | None = None) -> di
         env.update(_cpu_env())
     elif any("env_vars.AGENTRL_VERL_SDPA=" in item for item in config.verl.overrides):
         env.update(_sdpa_env())                      # without_flash_attn's
-    env[EXTERNAL_MODULES] = external_modules(*env.get(EXTERNAL_MODULES, "").split(","))
+    masked = [constrained.ENGINE_MODULE] if config.constrained_actions else []
+    if masked:  # constrained actions: verl's actor and reference run the masked engine
+        env.update(constrained.launch_env())
+    env[EXTERNAL_MODULES] = external_modules(*env.get(EXTERNAL_MODULES, "").split(","), *masked)
     env[returns.VALUE_CLIP_ENV] = config.critic.value_clip_scale
     return env
 
@@ -481,6 +487,7 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     paths = task_paths(config)
     overrides = verl_overrides(config, paths)
     verl_config = compose_verl_config(overrides)
+    constrained.check_verl_config(verl_config)
     preflight.check_dispatch(verl_config)
     report = [preflight.describe(config), *(f"preflight: {note}" for note in notes)]
     command = launch_command(overrides, config)

@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 
 from agentrl import cli
 from agentrl.config import compose_config
-from agentrl.verl import launch
+from agentrl.verl import constrained, launch
 
 ROOT = Path(__file__).resolve().parents[2]
 GPU_PRESETS = ["a100", "h100", "l40"]
@@ -232,8 +232,8 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
     ([*GPU, "rollout.filter_ratio=0.5"], r"filter_ratio=0.5 is not allowed with backend='verl'"),
     ([*GPU, "rollout.norm_method=mean_std"], r"rollout.norm_method='mean_std' is not allowed"),
     ([*GPU, "critic.share_backbone=true"], r"critic.share_backbone=True is not allowed"),
-    ([*GPU, "rollout.constrained_actions=true"],
-     r"rollout.constrained_actions=true is not allowed with backend='verl'.*full vocabulary"),
+    ([*GPU, "rollout.constrained_actions=true", "verl.trainer=v1"],
+     r"verl.trainer='v1' is not allowed with rollout.constrained_actions=true.*'legacy'"),
     ([*GPU, "verl.gpu_memory_utilization=1.5"], r"verl.gpu_memory_utilization=1.5 is not allowed"),
     ([*GPU, "verl.strategy=ddp"], r"verl.strategy='ddp' is not allowed; allowed: \['fsdp'"),
     ([*GPU, "verl.trainer=v2"], r"verl.trainer='v2' is not allowed; allowed: \['legacy', 'v1'\]"),
@@ -253,6 +253,40 @@ def test_constrained_actions_default_on_locally_off_on_verl():
     assert compose_config([]).constrained_actions
     assert not compose_config(["rollout.constrained_actions=false"]).constrained_actions
     assert not compose_config(GPU).constrained_actions  # null: off on verl, no error
+
+
+def test_constrained_actions_on_verl_mask_the_sampler_and_the_actor():
+    config, cfg = verl_config([*GPU, "rollout.constrained_actions=true"])
+    assert config.constrained_actions
+    assert list(at(cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm.logits_processors")) == [
+        constrained.PROCESSOR]
+    env = launch.launch_env(config, base={})
+    assert env["VERL_ENGINE_VENDOR"] == constrained.ENGINE_VENDOR
+    assert constrained.ENGINE_MODULE in env["VERL_USE_EXTERNAL_MODULES"].split(",")
+    runtime = at(cfg, "ray_kwargs.ray_init.runtime_env.env_vars")  # what every Ray worker gets
+    assert runtime["VERL_ENGINE_VENDOR"] == constrained.ENGINE_VENDOR
+    assert runtime["VERL_USE_EXTERNAL_MODULES"] == env["VERL_USE_EXTERNAL_MODULES"]
+    constrained.check_verl_config(cfg)
+    _, plain = verl_config(GPU)
+    assert at(plain, "actor_rollout_ref.rollout.engine_kwargs.vllm") == {}
+    assert constrained.ENGINE_MODULE not in launch.launch_env(
+        compose_config(GPU), base={})["VERL_USE_EXTERNAL_MODULES"]
+
+
+@pytest.mark.parametrize("override, message", [
+    ("actor_rollout_ref.model.use_fused_kernels=true", r"use_fused_kernels=True .*logits"),
+    ("actor_rollout_ref.actor.ulysses_sequence_parallel_size=2",
+     r"ulysses_sequence_parallel_size=2 .*splits"),
+    ("actor_rollout_ref.model.mtp.enable=true", r"mtp.enable=True .*speculative"),
+    ("+actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config={method:ngram}",
+     r"speculative_config=.* .*speculative"),
+])
+def test_constrained_actions_refuse_what_cannot_train_on_masks(override, message, tmp_path):
+    config = compose_config([*GPU, "rollout.constrained_actions=true", f"run_dir={tmp_path}",
+                             f"verl.overrides=['{override}']"])
+    with pytest.raises(ValueError, match=message.replace(
+            " .*", " is not allowed with rollout.constrained_actions=true: .*")):
+        launch.launch(config, dry_run=True)
 
 
 def test_the_legacy_worker_rule_does_not_bind_v1():

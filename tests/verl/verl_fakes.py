@@ -131,8 +131,8 @@ def task_row(game: ScriptedGame, index: int, *, max_context_tokens: int,
 
 
 def verl_config(model_dir: Path, *, use_v1: bool, prompt_length: int, response_length: int,
-                n: int, temperature: float = 0.7):
-    """verl's ppo_trainer config with the adapter's overrides."""
+                n: int, temperature: float = 0.7, extra: list[str] | tuple = ()):
+    """verl's ppo_trainer config with the adapter's overrides (then ``extra``)."""
     import verl
     from hydra import compose, initialize_config_dir
 
@@ -142,6 +142,7 @@ def verl_config(model_dir: Path, *, use_v1: bool, prompt_length: int, response_l
         f"actor_rollout_ref.model.path={model_dir}", "actor_rollout_ref.rollout.name=vllm",
         f"data.max_prompt_length={prompt_length}", f"data.max_response_length={response_length}",
         f"actor_rollout_ref.rollout.n={n}", f"actor_rollout_ref.rollout.temperature={temperature}",
+        *extra,
     ]
     config_dir = Path(verl.__file__).parent / "trainer" / "config"
     with initialize_config_dir(config_dir=str(config_dir), version_base=None):
