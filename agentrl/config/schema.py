@@ -271,6 +271,9 @@ class RolloutConfig(Section):
     """Share of groups kept per step, ranked by return std (1 = keep all)."""
     filter_mode: Literal["std", "std_rev"] = "std"
     """Keep the highest-std groups (std) or the lowest (std_rev)."""
+    drop_uniform_groups: bool = False
+    """Then drop every group whose members all got the same return; a step with none left
+    skips its update (local only)."""
     grouping: Literal["state", "batch"] = "state"
     """Normalize returns within each group (state) or over the whole batch (batch)."""
     norm_method: Literal["identity", "mean_std", "asym_clip"] = "identity"
@@ -668,6 +671,7 @@ class TrainConfig(Section):
         unsupported = {  # local-engine features that verl's trainer has no counterpart for
             "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
             "rollout.norm_method": (self.rollout.norm_method, "identity"),
+            "rollout.drop_uniform_groups": (self.rollout.drop_uniform_groups, False),
             "critic.share_backbone": (self.critic.share_backbone, False),
             "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
             "train.sft_steps": (self.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`

@@ -2,7 +2,8 @@
 
 - :mod:`agentrl.rollout.records`: ``Turn``, ``Trajectory``, ``EpisodeOutcome``.
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
-- :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``normalize_returns``.
+- :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``drop_uniform_groups``,
+  ``normalize_returns``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout, one row per context window:
   ``context_samples``).
 - :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``).
@@ -11,6 +12,7 @@
 from agentrl.rollout.batch import REWARD_PLACEMENTS, TrainingSample, context_samples, to_batch
 from agentrl.rollout.episode import LLM, ChatSuffix, first_prompt_ids, run_episode
 from agentrl.rollout.groups import (
+    drop_uniform_groups,
     filter_groups,
     group_trajectories,
     normalize_returns,
@@ -22,7 +24,7 @@ from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
 
 __all__ = [
     "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "EpisodeOutcome", "TrainingSample", "Trajectory",
-    "Turn", "context_samples", "filter_groups",
+    "Turn", "context_samples", "drop_uniform_groups", "filter_groups",
     "first_prompt_ids", "group_trajectories", "normalize_returns", "normalize_scores",
     "rollout_metrics", "run_episode", "run_groups", "to_batch",
 ]

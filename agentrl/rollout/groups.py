@@ -20,6 +20,7 @@ Filtering (:func:`filter_groups`): rank groups by the standard deviation of thei
 episode returns and keep the top ``ceil(filter_ratio * num_groups)`` (at least 1): ``mode="std"``
 keeps the highest std (the most informative groups: some members did better than others),
 ``"std_rev"`` the lowest. Ties keep the earlier group. ``filter_ratio=1`` keeps everything.
+:func:`drop_uniform_groups` then drops every group whose members got the same return.
 
 Normalization (:func:`normalize_returns`) of episode returns into ``Trajectory.score``:
 ``grouping="state"`` normalizes within each group (same preset and seed), ``"batch"`` over all
@@ -47,7 +48,8 @@ from agentrl.agents import Agent, AgentConfig
 from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["filter_groups", "group_trajectories", "normalize_returns", "run_groups"]
+__all__ = ["drop_uniform_groups", "filter_groups", "group_trajectories", "normalize_returns",
+           "run_groups"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")
@@ -133,6 +135,16 @@ def filter_groups(trajectories: Sequence[Trajectory], filter_ratio: float = 1.0,
     order = sorted(range(len(groups)), key=lambda g: (sign * stds[g], g))[:keep]
     kept = sorted(order)
     return [trajectories[i] for g in kept for i in groups[g]]
+
+
+def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """The groups whose members' returns differ; may be none. A group that all won or all lost
+    alike compares nothing, and a near-greedy policy replays one episode ``group_size`` times:
+    its update would follow only the critic's error, at the full cost of a forward and backward
+    pass (DAPO's dynamic sampling, without resampling)."""
+    groups = group_trajectories(trajectories).values()
+    return [trajectories[i] for idx in groups
+            if _std([trajectories[i].episode_return for i in idx]) > EPS for i in idx]
 
 
 def normalize_scores(returns: torch.Tensor, method: str) -> torch.Tensor:

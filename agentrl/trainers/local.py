@@ -70,7 +70,8 @@ from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.models.precision import compute_precision
-from agentrl.rollout import filter_groups, normalize_returns, rollout_metrics, run_groups, to_batch
+from agentrl.rollout import (drop_uniform_groups, filter_groups, normalize_returns,
+                             rollout_metrics, run_groups, to_batch)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers import ppo
 from agentrl.trainers.checkpoint import (
@@ -359,9 +360,15 @@ class LocalTrainer:
         with timer("filter"):
             r = config.rollout
             kept = filter_groups(trajectories, r.filter_ratio, r.filter_mode)
+            if r.drop_uniform_groups:
+                kept = drop_uniform_groups(kept)
+        metrics["train/kept_trajectories"] = float(len(kept))
+        if not kept:  # every group played alike: nothing to compare, no update
+            metrics.update(timer.metrics())
+            return metrics
+        with timer("filter"):
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement)
-        metrics["train/kept_trajectories"] = float(len(kept))
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
         metrics.update(self._update(batch, timer))
         metrics.update(timer.metrics())

@@ -9,6 +9,7 @@ import torch
 
 from agentrl.rollout import (
     Trajectory,
+    drop_uniform_groups,
     filter_groups,
     normalize_returns,
     rollout_metrics,
@@ -45,6 +46,13 @@ def test_filter_std_keeps_highest_std_groups():
     assert filter_groups(TRAJS, 1.0) == TRAJS
     with pytest.raises(ValueError, match="filter mode"):
         filter_groups(TRAJS, 0.5, mode="nope")
+
+
+def test_drop_uniform_groups_keeps_groups_whose_returns_differ():
+    assert drop_uniform_groups(TRAJS) == TRAJS[4:]  # group 0 all returned 1.0
+    assert drop_uniform_groups(TRAJS[:4]) == []
+    singles = [traj(g, 1.0) for g in range(3)]  # a group of one compares nothing
+    assert drop_uniform_groups(singles) == []
 
 
 def test_normalize_state_mean_std_by_hand():
