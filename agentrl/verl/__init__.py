@@ -13,6 +13,10 @@
   value clip scaled to the returns, episodes cut by the response budget bootstrapped.
 - :mod:`agentrl.verl.cluster`: the Ray cluster a GPU run joins: its GPUs counted, every node
   probed (same checkout, shared ``run_dir``, flash-attn).
+- :mod:`agentrl.verl.constrained`: constrained action decoding on verl, the local engine's
+  automaton on both sides: :mod:`~agentrl.verl.logits_processor` masks vLLM's sampler,
+  :mod:`~agentrl.verl.masked_engine` masks verl's actor and reference (an engine registered in
+  verl's ``EngineRegistry``); the masks travel with each row.
 
 Importing this package imports neither verl nor Ray: the modules above import them when used.
 """

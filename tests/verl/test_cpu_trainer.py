@@ -1,5 +1,6 @@
 """verl's real trainer, end to end on this CPU (hardware=cpu-verl): Ray, FSDP2 actor and critic,
-vLLM's CPU build serving our AgentLoop, weight sync, checkpoints, and verl's own resume.
+vLLM's CPU build serving our AgentLoop, weight sync, checkpoints, and verl's own resume, with
+constrained action decoding on (vLLM's logits processor and the masked actor engine).
 
 Needs vLLM's CPU build (``bash env_setup.sh --verl-cpu``, which scripts/test.sh runs): found in
 ``$AGENTRL_VERL_CPU_PYTHON``, the ``.venv-verl-cpu`` it makes, or this interpreter; skipped
@@ -36,14 +37,16 @@ def verl_cpu_python() -> str | None:
 
 
 def train(python: str, run_dir: Path, steps: int) -> subprocess.CompletedProcess:
-    """The smallest verl run: one group of 2 bandit episodes a step, no validation."""
+    """The smallest verl run: one group of 2 bandit episodes a step, no validation, replies
+    constrained to well-formed answers."""
     command = [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
                f"run_dir={run_dir}", f"train.total_steps={steps}", "trainer.save_freq=2",
                "train.presets=[banditAgent]", "val.presets=[banditAgent]",
                "train.group_num=1", "train.group_size=2", "val.test_freq=0",
                "val.before_train=false", "rollout.max_new_tokens=16",
                "trainer.logger=[console]", "trainer.plot=false",
-               "verl.max_prompt_length=256", "verl.max_response_length=64"]
+               "verl.max_prompt_length=256", "verl.max_response_length=64",
+               "rollout.constrained_actions=true"]
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "2",
            "RAY_DEDUP_LOGS": "0"}
     process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -78,9 +81,13 @@ def verl_steps(stdout: str) -> dict[int, dict[str, float]]:
     return steps
 
 
-def train_steps(metrics_file: Path) -> list[int]:
+def train_records(metrics_file: Path) -> list[dict]:
     records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
-    return [r["step"] for r in records if any(key.startswith("train/") for key in r)]
+    return [r for r in records if any(key.startswith("train/") for key in r)]
+
+
+def train_steps(metrics_file: Path) -> list[int]:
+    return [r["step"] for r in train_records(metrics_file)]
 
 
 @pytest.mark.slow
@@ -96,11 +103,13 @@ def test_verls_trainer_runs_checkpoints_and_resumes_on_cpu(tmp_path):
     assert (checkpoint / "actor").is_dir() and (checkpoint / "critic").is_dir()
     logged = verl_steps(first.stdout + first.stderr)
     assert sorted(logged) == [1, 2]
-    for step in logged.values():  # vLLM sampled with the weights the trainer holds
-        assert step["training/rollout_probs_diff_max"] < 1e-3
+    for step in logged.values():  # vLLM sampled with the weights and the masks the trainer
+        assert step["training/rollout_probs_diff_max"] < 1e-3  # holds (an unmasked actor would not)
         # the value clip scaled to the step's returns (agentrl.verl.returns, in verl's critic)
         assert step["critic/cliprange_value"] >= 0.5
     assert train_steps(run_dir / "metrics.jsonl") == [1, 2]
+    for record in train_records(run_dir / "metrics.jsonl"):  # the random model, constrained
+        assert record["train/banditAgent/format_error"] == 0.0
 
     second = train(python, run_dir, steps=3)  # resume=auto: verl's resume_mode=auto
     assert second.returncode == 0, (second.stdout[-3000:], second.stderr[-6000:])
