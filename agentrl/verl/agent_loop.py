@@ -289,7 +289,8 @@ class BudgetedAgent:
 
     ``reset`` returns the opening made off the event loop (by :func:`open_episode`), once;
     ``step`` ends the episode when the next observation and one reply token would not fit
-    ``budget``. ``config``, ``spec``, ``success`` and ``answer_grammar`` are the agent's.
+    ``budget``. ``config``, ``spec``, ``success``, ``observation`` and ``answer_grammar`` are
+    the agent's.
     """
 
     def __init__(self, agent: Agent, seed: int, opening: list[dict], budget: ResponseBudget,
@@ -311,6 +312,10 @@ class BudgetedAgent:
     @property
     def success(self) -> bool:
         return self.agent.success
+
+    @property
+    def observation(self) -> str:
+        return self.agent.observation
 
     def answer_grammar(self) -> Any:
         return self.agent.answer_grammar()

@@ -6,9 +6,10 @@ The local engine masks each reply to the well-formed answers of the turn's valid
 (:mod:`agentrl.engines.constrained`) and trains on the masked distribution. On verl the same
 automaton runs in three processes, with no fork of verl or vLLM:
 
-1. **The sampler** (a vLLM server): :class:`agentrl.verl.logits_processor.ConstrainedActionsProcessor`,
-   a vLLM v1 logits processor registered through ``rollout.engine_kwargs.vllm.logits_processors``,
-   masks each request's logits to the tokens its :class:`TurnConstraint` allows given the tokens
+1. **The sampler** (a vLLM server):
+   :class:`agentrl.verl.logits_processor.ConstrainedActionsProcessor`, a vLLM v1 logits
+   processor registered through ``rollout.engine_kwargs.vllm.logits_processors``, masks each
+   request's logits to the tokens its :class:`TurnConstraint` allows given the tokens
    generated so far in this reply. The AgentLoop sends the constraint in the request's
    ``sampling_params["extra_args"]`` (:data:`EXTRA_ARGS_KEY`).
 2. **The AgentLoop** replays the same automaton over the ids the server returned
@@ -41,9 +42,10 @@ import torch
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.engines.constrained import RowConstraint, TokenMask, TokenTexts, apply_masks
 
-__all__ = ["ENGINE_MODULE", "ENGINE_VENDOR", "EXTRA_ARGS_KEY", "MASKS_FIELD", "MASK_FILL", "PROCESSOR",
-           "RowMasks", "TurnConstraint", "TurnMasker", "check_verl_config", "launch_env", "mask_logits_",
-           "processor_configured", "replay_masks", "response_logit_rows", "token_allowed"]
+__all__ = ["ENGINE_MODULE", "ENGINE_VENDOR", "EXTRA_ARGS_KEY", "MASKS_FIELD", "MASK_FILL",
+           "PROCESSOR", "RowMasks", "TurnConstraint", "TurnMasker", "check_verl_config",
+           "launch_env", "mask_logits_", "processor_configured", "replay_masks",
+           "response_logit_rows", "token_allowed"]
 
 EXTRA_ARGS_KEY = "agentrl_constraint"
 """Key of a request's ``sampling_params["extra_args"]`` holding its :class:`TurnConstraint`."""

@@ -255,6 +255,37 @@ def test_the_masked_engine_matches_the_local_trainer(constrained_batch, tiny):
     assert (entropy - expected_entropy[order])[mask].abs().max() < 1e-4
 
 
+@pytest.mark.slow
+def test_gradients_flow_through_the_masked_logits(constrained_batch, tiny):
+    """The actor's update: the masks are written into the logits in place, and the backward
+    pass runs through them (excluded ids get no gradient, allowed ones do)."""
+    from verl.utils import tensordict_utils as tu
+    from verl.workers.utils.padding import left_right_2_no_padding
+
+    from agentrl.verl.masked_engine import MaskedLMEngine
+
+    model, engine = tiny[0], bare_engine(MaskedLMEngine)
+    data = left_right_2_no_padding(constrained_batch.to_tensordict())
+    tu.assign_non_tensor(data, use_remove_padding=False, calculate_entropy=True)
+    inputs, args = engine.prepare_model_inputs(data)
+    logits = model(**inputs).logits.float()
+    logits.retain_grad()
+    result = engine.prepare_model_outputs(SimpleNamespace(logits=logits), args, data, None)
+    (result["log_probs"].values().sum() + result["entropy"].values().sum()).backward()
+    grads = [p.grad for p in model.parameters() if p.grad is not None]
+    assert grads and all(torch.isfinite(g).all() for g in grads)
+    row = constrained_batch.non_tensor_batch[MASKS_FIELD][0]
+    column = next(c for c, k in enumerate(row.index)  # a choice: more than one id allowed
+                  if k >= 0 and (len(row.ids[k]) > 1 or not row.allow[k]))
+    position = data["input_ids"].offsets().diff()[0] - len(row.index) - 1 + column
+    k = row.index[column]
+    excluded = torch.full((logits.shape[-1],), row.allow[k])
+    excluded[list(row.ids[k])] = not row.allow[k]
+    assert (logits.grad[0, position][excluded] == 0).all()
+    assert logits.grad[0, position][~excluded].abs().sum() > 0
+    model.zero_grad()
+
+
 # -- the engine's guards ---------------------------------------------------------------------------
 def test_verls_lookup_gives_the_masked_engine_only_when_configured(monkeypatch):
     from agentrl.verl.masked_engine import MaskedLMEngine, check_masked_engine
