@@ -28,7 +28,8 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   stays on one server and hits its prefix cache). Temperature, top-p, top-k and ``logprobs``
   are verl's (``rollout.*``, or ``rollout.val_kwargs.*`` when validating) and never changed per
   turn, because the actor recomputes log-probs at ``rollout.temperature``; per turn the loop
-  sets only ``max_tokens`` and the end-of-turn ``stop_token_ids``. A reply ending on any
+  sets only ``max_tokens`` and the end-of-turn ``stop_token_ids`` (and, with constrained
+  actions, the turn's constraint in ``extra_args``: :mod:`agentrl.verl.constrained`). A reply ending on any
   end-of-sequence id (the template's, the tokenizer's, and every ``eos_token_id`` of the
   model's ``generation_config.json``, on which vLLM also stops: Qwen2.5's ``<|endoftext|>``) is
   finished, not cut.
