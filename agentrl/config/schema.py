@@ -308,6 +308,9 @@ class AlgorithmConfig(Section):
     """KL estimator of the in-reward penalty (verl's names)."""
     norm_adv_by_std_in_grpo: bool = True
     """GRPO divides by the group's std (false: Dr. GRPO's mean-only centring)."""
+    step_advantage_weight: float = setting(0.0, at_least(0), "a number >= 0")
+    """GiGPO's step level: add this weight x each turn's advantage among the group's turns
+    from the same board to the estimator's advantages (0 = off; local engine only)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -672,6 +675,7 @@ class TrainConfig(Section):
             "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
             "rollout.norm_method": (self.rollout.norm_method, "identity"),
             "rollout.drop_uniform_groups": (self.rollout.drop_uniform_groups, False),
+            "algorithm.step_advantage_weight": (self.algorithm.step_advantage_weight, 0.0),
             "critic.share_backbone": (self.critic.share_backbone, False),
             "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
             "train.sft_steps": (self.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`

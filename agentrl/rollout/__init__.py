@@ -18,6 +18,7 @@ from agentrl.rollout.groups import (
     normalize_returns,
     normalize_scores,
     run_groups,
+    step_advantages,
 )
 from agentrl.rollout.metrics import rollout_metrics
 from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
@@ -26,5 +27,5 @@ __all__ = [
     "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "EpisodeOutcome", "TrainingSample", "Trajectory",
     "Turn", "context_samples", "drop_uniform_groups", "filter_groups",
     "first_prompt_ids", "group_trajectories", "normalize_returns", "normalize_scores",
-    "rollout_metrics", "run_episode", "run_groups", "to_batch",
+    "rollout_metrics", "run_episode", "run_groups", "step_advantages", "to_batch",
 ]

@@ -41,6 +41,8 @@ can run over the whole episode (:mod:`agentrl.trainers.episodes`).
 - ``rollout_features`` ``(B, R, H)``, only when every trajectory carries
   ``Trajectory.response_features``: the engine's last hidden state before each model token
   (zeros on inserted tokens and padding), the input of a critic on the actor's backbone.
+- ``step_advantages`` ``(B, R)``, only when a trajectory carries ``turn_advantages``: each
+  turn's step-level advantage on its reply's model tokens (:func:`token_step_advantages`).
 
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
@@ -56,7 +58,8 @@ import torch
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["REWARD_PLACEMENTS", "TrainingSample", "constraint_tensors", "context_samples",
-           "discounted_turn_rewards", "feature_tensor", "kept_turns", "to_batch", "token_rewards"]
+           "discounted_turn_rewards", "feature_tensor", "kept_turns", "to_batch", "token_rewards",
+           "token_step_advantages"]
 
 REWARD_PLACEMENTS = ("turn", "last")
 
@@ -154,6 +157,21 @@ class TrainingSample:
     def token_rewards(self, placement: str) -> list[float]:
         """The episode's token rewards (:func:`token_rewards`) on this sample's tokens."""
         return token_rewards(self.trajectory, placement)[self.start:self.end]
+
+    def token_step_advantages(self) -> list[float]:
+        """The episode's :func:`token_step_advantages` on this sample's tokens."""
+        return token_step_advantages(self.trajectory)[self.start:self.end]
+
+
+def token_step_advantages(trajectory: Trajectory) -> list[float]:
+    """Each turn's step-level advantage (``Trajectory.turn_advantages``) on its reply's model
+    tokens, 0 elsewhere (and everywhere when there are none)."""
+    values = [0.0] * len(trajectory.response_ids)
+    for end, turn, advantage in zip(trajectory.turn_end_positions, trajectory.turns,
+                                    trajectory.turn_advantages or ()):
+        for position in range(end + 1 - len(turn.response_ids), end + 1):
+            values[position] = advantage * trajectory.response_mask[position]
+    return values
 
 
 def context_samples(trajectory: Trajectory) -> list[TrainingSample]:
@@ -268,7 +286,15 @@ def to_batch(
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     samples = [sample for _, sample in rows]
+    step = {}
+    if any(t.turn_advantages is not None for t in trajectories):
+        step["step_advantages"] = torch.zeros((b, r_len), dtype=torch.float32)
+        for row, (_, s) in enumerate(rows):
+            if s.end > s.start:
+                step["step_advantages"][row, :s.end - s.start] = torch.tensor(
+                    s.token_step_advantages(), dtype=torch.float32)
     return {
+        **step,
         **constraint_tensors(samples, r_len),
         **feature_tensor(samples, r_len),
         "prompts": prompts,

@@ -229,6 +229,7 @@ async def run_episode(
             del response_ids[reply_end:], mask[reply_end:], logprobs[reply_end:]
             del token_masks[reply_end:], features[reply_end:]
             break
+        state = agent.observation  # the board this reply acts on
         start = time.perf_counter()
         request = (dataclasses.replace(sampling, answer_grammar=agent.answer_grammar())
                    if constrained else sampling)
@@ -271,7 +272,7 @@ async def run_episode(
             reward=float(result.reward), format_ok=result.format_ok,
             num_actions=result.num_actions, num_valid=result.num_valid_actions,
             num_effective=result.num_effective_actions, truncated_by_length=cut, text=text,
-            context_start=window_start, observation=observation,
+            context_start=window_start, observation=observation, state=state,
             actions=tuple(result.info.get("actions", ())),
             action_valid=tuple(result.info.get("action_valid", ())),
             token_masks=turn_masks if any(m is not None for m in turn_masks) else None))

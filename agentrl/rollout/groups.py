@@ -22,6 +22,11 @@ keeps the highest std (the most informative groups: some members did better than
 ``"std_rev"`` the lowest. Ties keep the earlier group. ``filter_ratio=1`` keeps everything.
 :func:`drop_uniform_groups` then drops every group whose members got the same return.
 
+Step-level advantages (:func:`step_advantages`, GiGPO's anchor states): a group replays one
+game, so its episodes meet the same board again and again; the turns taken from one board are
+compared by their returns-to-go (``mean_std`` within that board's turns), which credits the
+reply that differed rather than the whole episode.
+
 Normalization (:func:`normalize_returns`) of episode returns into ``Trajectory.score``:
 ``grouping="state"`` normalizes within each group (same preset and seed), ``"batch"`` over all
 trajectories; ``method`` is ``identity`` (score = return), ``mean_std`` ((r - mean) / (std +
@@ -49,7 +54,7 @@ from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["drop_uniform_groups", "filter_groups", "group_trajectories", "normalize_returns",
-           "run_groups"]
+           "run_groups", "step_advantages"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")
@@ -145,6 +150,32 @@ def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     groups = group_trajectories(trajectories).values()
     return [trajectories[i] for idx in groups
             if _std([trajectories[i].episode_return for i in idx]) > EPS for i in idx]
+
+
+def step_advantages(trajectories: Sequence[Trajectory], gamma: float = 1.0
+                    ) -> list[Trajectory]:
+    """Copies of ``trajectories`` with ``turn_advantages``: each turn's return-to-go (turn
+    rewards from it on, discounted by ``gamma`` a turn) normalized (``mean_std``) among the
+    turns of its group taken from the same board (``Turn.state``). A board met once, or whose
+    turns all did equally well, gives 0; so does a turn without a recorded board."""
+    out = list(trajectories)
+    for idx in group_trajectories(trajectories).values():
+        anchors: dict[str, list[tuple[int, int, float]]] = defaultdict(list)
+        for i in idx:
+            trajectory, to_go = trajectories[i], 0.0
+            for k in reversed(range(len(trajectory.turn_rewards))):
+                to_go = trajectory.turn_rewards[k] + gamma * to_go
+                state = trajectory.turns[k].state if k < len(trajectory.turns) else ""
+                if state:
+                    anchors[state].append((i, k, to_go))
+        values = {i: [0.0] * len(trajectories[i].turn_rewards) for i in idx}
+        for members in anchors.values():
+            returns = torch.tensor([g for _, _, g in members], dtype=torch.float64)
+            for (i, k, _), a in zip(members, normalize_scores(returns, "mean_std").tolist()):
+                values[i][k] = a
+        for i in idx:
+            out[i] = dataclasses.replace(trajectories[i], turn_advantages=values[i])
+    return out
 
 
 def normalize_scores(returns: torch.Tensor, method: str) -> torch.Tensor:

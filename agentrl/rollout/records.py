@@ -51,6 +51,10 @@ class Turn:
     observation: str = ""
     """The user message this reply answered (turn 1: instructions and the first state; then the
     feedback and the new state): what episode records show as the board."""
+    state: str = ""
+    """The game's own observation this reply acted on (the board, without the turn's counters
+    and feedback): equal states recur across a group's episodes, where step-level advantages
+    compare the replies made in them (:func:`agentrl.rollout.groups.step_advantages`)."""
     actions: tuple[str, ...] = ()
     """The actions run in the game this turn, in order."""
     action_valid: tuple[bool, ...] = ()
@@ -110,6 +114,9 @@ class Trajectory:
     score: float | None = None
     """The normalized episode return (see :func:`agentrl.rollout.groups.normalize_returns`);
     None until normalized. ``to_batch(reward_placement="last")`` uses it when set."""
+    turn_advantages: list[float] | None = None
+    """One step-level advantage per turn (:func:`agentrl.rollout.groups.step_advantages`);
+    ``to_batch`` puts each on its reply's tokens (``step_advantages``). None: not computed."""
     score_map: tuple[float, float] | None = None
     """The normalizer's affine map ``(scale, shift)``: ``score = scale * episode_return +
     shift`` (scale 0 where the score is a constant: a clipped score, or a group without
@@ -126,6 +133,8 @@ class Trajectory:
             raise ValueError(f"{len(self.response_features)} features for {n} response ids")
         if len(self.turn_end_positions) != len(self.turn_rewards):
             raise ValueError("one turn end position per turn reward")
+        if self.turn_advantages is not None and len(self.turn_advantages) != len(self.turn_rewards):
+            raise ValueError("one turn advantage per turn reward")
 
     @property
     def input_ids(self) -> list[int]:

@@ -71,7 +71,7 @@ from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.models.precision import compute_precision
 from agentrl.rollout import (drop_uniform_groups, filter_groups, normalize_returns,
-                             rollout_metrics, run_groups, to_batch)
+                             rollout_metrics, run_groups, step_advantages, to_batch)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers import ppo
 from agentrl.trainers.checkpoint import (
@@ -367,6 +367,9 @@ class LocalTrainer:
             metrics.update(timer.metrics())
             return metrics
         with timer("filter"):
+            if config.algorithm.step_advantage_weight:
+                algo = config.algorithm  # its turns are compared by undiscounted returns per token
+                kept = step_advantages(kept, algo.gamma if algo.gamma_unit == "turn" else 1.0)
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
@@ -536,6 +539,10 @@ class LocalTrainer:
             log.warning("non-finite rewards or advantages: this step's update is skipped")
             metrics["guard/skipped_updates"] = 1.0
             return metrics
+        if "step_advantages" in batch:  # GiGPO: the turn's standing among the same board's turns
+            advantages = advantages + algo.step_advantage_weight * batch["step_advantages"] * mask
+            metrics["actor/step_advantages_nonzero"] = float(
+                (batch["step_advantages"] != 0).float().sum() / mask.sum().clamp(min=1))
         batch.update(advantages=advantages, returns=returns)
         if first_pass_is_old:  # filled by the actor's update, row by row (NaN: not reached)
             self._first_pass_logprobs = torch.full_like(mask, float("nan"))

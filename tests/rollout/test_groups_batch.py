@@ -9,10 +9,12 @@ import torch
 
 from agentrl.rollout import (
     Trajectory,
+    Turn,
     drop_uniform_groups,
     filter_groups,
     normalize_returns,
     rollout_metrics,
+    step_advantages,
     to_batch,
 )
 from agentrl.rollout.batch import token_rewards
@@ -158,3 +160,42 @@ def test_normalized_turn_rewards_are_one_affine_map_of_the_raw_ones(method):
     if method != "identity":
         assert group[0].score < 0
     assert all(reward <= 0 for reward in below_turns)  # before: the last turn got +13.9
+
+
+def board_episode(group: int, boards: list[str], rewards: list[float]) -> Trajectory:
+    """An episode of one-token replies (ids 50+k), each followed by a one-token observation."""
+    turns = [Turn(prompt_ids=(), response_ids=(50 + k,), logprobs=(-0.1,), reward=r,
+                  format_ok=True, num_actions=1, num_valid=1, num_effective=1,
+                  truncated_by_length=False, state=board)
+             for k, (board, r) in enumerate(zip(boards, rewards))]
+    n = len(turns)
+    response = [x for k in range(n) for x in (50 + k, 9)][:-1]
+    return Trajectory(preset="p", seed=group, group_index=group, prompt_ids=[5],
+                      response_ids=response, response_mask=[1, 0] * (n - 1) + [1],
+                      response_logprobs=[-0.1, 0.0] * (n - 1) + [-0.1],
+                      turn_end_positions=[2 * k for k in range(n)], turn_rewards=rewards,
+                      success=False, episode_return=sum(rewards), num_turns=n, turns=turns)
+
+
+def test_step_advantages_compare_the_turns_from_one_board():
+    # group 0: both episodes start on board A; from there, one earned 4 in all, the other 0;
+    # board B is met once (nothing to compare); group 1 meets A too, but is another game
+    episodes = [board_episode(0, ["A", "B"], [1.0, 3.0]), board_episode(0, ["A", "C"], [0.0, 0.0]),
+                board_episode(1, ["A"], [7.0])]
+    out = step_advantages(episodes)
+    std = math.sqrt((4 - 2) ** 2 * 2 / 1)  # returns-to-go 4 and 0 from A, unbiased std
+    assert out[0].turn_advantages == pytest.approx([(4 - 2) / (std + 1e-6), 0.0])
+    assert out[1].turn_advantages == pytest.approx([(0 - 2) / (std + 1e-6), 0.0])
+    assert out[2].turn_advantages == [0.0]
+    assert episodes[0].turn_advantages is None  # copies
+
+
+def test_step_advantages_land_on_their_replies_tokens():
+    episode = step_advantages([board_episode(0, ["A", "A"], [1.0, -1.0]),
+                               board_episode(0, ["A"], [2.0])])[0]
+    # board A's returns-to-go: 0 and -1 (episode 0), 2 (episode 1)
+    returns = torch.tensor([0.0, -1.0, 2.0], dtype=torch.float64)
+    expected = ((returns - returns.mean()) / (returns.std() + 1e-6)).tolist()
+    batch = to_batch([episode], pad_token_id=0)
+    assert batch["step_advantages"][0].tolist() == pytest.approx([expected[0], 0.0, expected[1]])
+    assert "step_advantages" not in to_batch([board_episode(0, ["A"], [1.0])], pad_token_id=0)

@@ -36,3 +36,22 @@ def test_a_step_of_uniform_groups_skips_the_update(tmp_path, one_torch_thread):
 def test_without_the_switch_the_same_step_updates(tmp_path, one_torch_thread):
     metrics, moved = run_step(tmp_path, drop=False)
     assert metrics["train/kept_trajectories"] == 2 and moved
+
+
+def test_step_advantages_reach_the_update(tmp_path, one_torch_thread):
+    """With ``algorithm.step_advantage_weight`` on, the bandit's four pulls from its one board
+    are compared: a share of the model tokens carries a step-level advantage."""
+    config = compose_config([
+        "model=tiny", "train.total_steps=1", "train.group_num=1", "train.group_size=4",
+        "train.presets=[banditAgent]", "val.presets=[banditAgent]", "val.test_freq=0",
+        "val.before_train=false", "rollout.max_new_tokens=16", "rollout.temperature=2.0",
+        "algorithm.step_advantage_weight=1.0", "trainer.logger=[]", "trainer.plot=false",
+        "trainer.save_freq=0", f"run_dir={tmp_path / 'run'}"])
+    trainer = LocalTrainer(config)
+    try:
+        trainer.step = 1
+        metrics = trainer.train_step(1)
+    finally:
+        trainer.close()
+    assert metrics["train/banditAgent/return"] is not None
+    assert 0 < metrics["actor/step_advantages_nonzero"] <= 1
