@@ -40,7 +40,7 @@ def run(args: argparse.Namespace) -> int:
 
     from agentrl.verl.data import write_tasks
 
-    from agentrl.eval_cli import writable_path
+    from agentrl.cli.eval import writable_path
 
     config = compose_config(args.overrides)
     if args.out is not None:

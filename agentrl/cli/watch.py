@@ -102,7 +102,7 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     import dataclasses
 
     from agentrl.engines import BatchingLLM, SamplingParams
-    from agentrl.eval_cli import check_device, load_named_model
+    from agentrl.cli.eval import check_device, load_named_model
     from agentrl.rollout import run_episode
 
     name, config = agent_preset_for(args.game, args.agent_preset, args.preset)

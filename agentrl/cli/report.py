@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentrl.eval_cli import positive_int
+from agentrl.cli.eval import positive_int
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -46,7 +46,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, out=None) -> int:
     from agentrl.report import write_report
 
-    from agentrl.eval_cli import writable_path
+    from agentrl.cli.eval import writable_path
     from agentrl.report.data import read_eval_file
 
     out = out or sys.stdout
