@@ -8,7 +8,7 @@ import pytest
 
 from agentrl.agents import load_agent_presets
 from agentrl.cli import main
-from agentrl.compare import apply_variant, parse_variant
+from agentrl.evaluation.compare import apply_variant, parse_variant
 
 
 def test_a_variant_is_key_value_pairs_read_as_yaml():

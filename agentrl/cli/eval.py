@@ -25,7 +25,7 @@ presets generate their games on first use: slow once).
 over each preset, e.g. enable_think=false) on the same seeds and prints one table (success,
 return, reply tokens, seconds per episode per variant and preset); the JSON holds each
 variant's results and a PNG of the table goes to --plot (default: --out with .png).
-See agentrl/compare.py.
+See agentrl/evaluation/compare.py.
 """
 
 from __future__ import annotations
@@ -228,7 +228,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         check_device(args.device)
     variants = None
     if args.compare:
-        from agentrl.compare import apply_variant, parse_variant
+        from agentrl.evaluation.compare import apply_variant, parse_variant
 
         variants = [parse_variant(text) for text in args.compare]
         for variant in variants:  # a bad value fails before the model loads
@@ -246,7 +246,7 @@ def run(args: argparse.Namespace, out=None) -> int:
                   seed=args.seed, label=label, progress=not args.no_progress, **options)
     try:
         if variants:
-            from agentrl.compare import compare
+            from agentrl.evaluation.compare import compare
 
             results = asyncio.run(compare(presets, policy, variants, **common))
         else:
@@ -274,7 +274,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 def _comparison_report(results, args: argparse.Namespace, label: str, console) -> dict:
     """Print the --compare table, draw its PNG; the JSON report of every variant."""
-    from agentrl.compare import comparison_rows, comparison_table, plot_comparison
+    from agentrl.evaluation.compare import comparison_rows, comparison_table, plot_comparison
 
     rows = comparison_rows(results)
     first = results[0][1]

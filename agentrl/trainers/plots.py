@@ -30,7 +30,7 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from agentrl.stats import wilson_interval
+from agentrl.evaluation.stats import wilson_interval
 from agentrl.trainers.tracking import matching_keys, read_metrics
 
 __all__ = ["PANELS", "REFERENCES_FILE", "plot_learning_curves", "reference_success",

@@ -76,8 +76,8 @@ from agentrl.cli.bench import write_result
 from agentrl.config import build_config, compose_config
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.evaluation import EvalResult, evaluate
+from agentrl.evaluation.stats import wilson_interval
 from agentrl.models import load_model
-from agentrl.stats import wilson_interval
 from agentrl.trainers.checkpoint import CHECKPOINTS_DIR
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.sft import SFTTrainer
@@ -407,7 +407,7 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def variant_overrides(preset: str, text: str) -> list[str]:
     """``enable_think=false`` -> ``agents.<preset>.enable_think=false`` (checked first)."""
-    from agentrl.compare import parse_variant
+    from agentrl.evaluation.compare import parse_variant
 
     variant = parse_variant(text)
     return [f"agents.{preset}.{key}={value}" for key, value in

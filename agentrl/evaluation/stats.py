@@ -1,6 +1,6 @@
 """Confidence intervals for success rates: a rate from 32 games is a range, not a number.
 
-    >>> from agentrl.stats import wilson_interval
+    >>> from agentrl.evaluation.stats import wilson_interval
     >>> wilson_interval(16, 32)          # 50% of 32 games
     (0.336..., 0.663...)
 
