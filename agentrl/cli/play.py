@@ -21,7 +21,7 @@ import time
 import gymnasium
 
 from agentrl.agents.grammar import AnswerGrammar
-from agentrl.cli.eval import non_negative_float, non_negative_int, positive_int
+from agentrl.cli.arguments import non_negative_float, non_negative_int, positive_int
 from agentrl.envs import GAMES, env_id
 
 QUIT = {"quit", "exit", "q"}
