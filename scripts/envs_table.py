@@ -30,7 +30,7 @@ from pathlib import Path
 
 from agentrl.agents import Agent, AgentConfig, load_agent_presets
 from agentrl.evaluation import evaluate
-from agentrl.stats import wilson_interval
+from agentrl.evaluation.stats import wilson_interval
 
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "ENVS.md"

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from agentrl import cli
-from agentrl.bench_cli import BENCH_DIR
+from agentrl.cli.bench import BENCH_DIR
 
 
 def test_without_a_name_it_lists_every_benchmark_with_its_summary(capsys):

@@ -10,8 +10,8 @@ from pathlib import Path
 import pytest
 
 from agentrl.cli import main
+from agentrl.cli.eval import model_path, select_presets
 from agentrl.envs.splits import SEED_RANGES
-from agentrl.eval_cli import model_path, select_presets
 from agentrl.trainers.checkpoint import save_checkpoint
 
 PRESETS = ("tetrisType1Agent", "blocksworldTextAgent")

@@ -98,7 +98,7 @@ def test_the_watched_agent_shows_each_actions_validity_and_the_board():
     import dataclasses
 
     from agentrl.agents import Agent, load_agent_presets
-    from agentrl.watch import WatchedAgent
+    from agentrl.cli.watch import WatchedAgent
 
     lines, waits = [], []
     one_move = dataclasses.replace(load_agent_presets()["simpleSokobanAgent"],

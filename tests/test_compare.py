@@ -8,7 +8,7 @@ import pytest
 
 from agentrl.agents import load_agent_presets
 from agentrl.cli import main
-from agentrl.compare import apply_variant, parse_variant
+from agentrl.evaluation.compare import apply_variant, parse_variant
 
 
 def test_a_variant_is_key_value_pairs_read_as_yaml():
@@ -36,7 +36,7 @@ def test_a_bad_value_names_the_variant_and_key():
 def test_model_variants_play_the_same_seeds_into_one_table_and_a_plot(
         tiny, tmp_path, capsys, one_torch_thread, monkeypatch):
     """The tiny model with and without a think block: same seeds, both rows, a PNG."""
-    import agentrl.eval_cli as eval_cli
+    import agentrl.cli.eval as eval_cli
 
     monkeypatch.setattr(eval_cli, "model_path", lambda name, *flag: name)
     out = tmp_path / "compare.json"

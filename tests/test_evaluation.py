@@ -13,7 +13,7 @@ from agentrl.agents import load_agent_presets
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.envs.splits import SEED_RANGES
 from agentrl.evaluation import TABLE_COLUMNS, evaluate
-from agentrl.stats import wilson_interval
+from agentrl.evaluation.stats import wilson_interval
 
 PRESETS = load_agent_presets()
 SMALL = ("tetrisType1Agent", "blocksworldTextAgent", "blocksworld1dAgent", "blocksworld2dAgent")

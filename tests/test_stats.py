@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.stats import wilson_interval
+from agentrl.evaluation.stats import wilson_interval
 
 
 @pytest.mark.parametrize("successes, n, low, high", [

@@ -19,11 +19,12 @@ one JSON-able dict (the page's embedded data).
 from __future__ import annotations
 
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.evaluation.references import REFERENCE_POLICIES, played_references
+from agentrl.evaluation.stats import rounded
 from agentrl.trainers.episode_log import read_episodes, step_files
 from agentrl.trainers.tracking import read_metrics
 
@@ -41,7 +42,6 @@ SUMMARY_KEYS = ("experiment", "backend", "model.name", "train.presets", "val.pre
                 "rollout.max_new_tokens", "seed")
 """Config keys shown first (the rest follow under 'all settings')."""
 DEFAULT_MAX_EPISODE_STEPS = 40
-REFERENCE_POLICIES = ("random", "oracle")
 
 
 def spread(items: Sequence[int], count: int) -> list[int]:
@@ -53,12 +53,6 @@ def spread(items: Sequence[int], count: int) -> list[int]:
         return items[-1:]
     picks = {items[round(i * (len(items) - 1) / (count - 1))] for i in range(count)}
     return sorted(picks)
-
-
-def _round(value: Any) -> float | None:
-    if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
-        return None
-    return float(f"{value:.4g}")
 
 
 def _flatten(config: Any, prefix: str = "") -> list[list[str]]:
@@ -102,7 +96,7 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
                        and k.rsplit("/", 1)[1] in CURVE_SUFFIXES) or k in TRAINER_KEYS})
     series = {}
     for key in keys:
-        points = [[r["step"], _round(r[key])] for r in records if _round(r.get(key)) is not None]
+        points = [[r["step"], rounded(r[key])] for r in records if rounded(r.get(key)) is not None]
         if points:
             series[key] = points
     return series
@@ -126,31 +120,8 @@ def read_references(paths: Iterable[str | Path]) -> dict[str, dict[str, dict[str
             continue
         for preset, row in data["presets"].items():
             references.setdefault(preset, {})[policy] = {
-                "success": _round(row.get("success")), "return": _round(row.get("return")),
+                "success": rounded(row.get("success")), "return": rounded(row.get("return")),
                 "source": Path(path).name}
-    return references
-
-
-def played_references(presets: Sequence[str], groups: int) -> dict[str, dict[str, dict]]:
-    """The random and oracle policies' success on the first ``groups`` validation seeds (the
-    seeds validation plays), per preset; presets unknown here are skipped."""
-    import asyncio
-
-    from agentrl.agents import load_agent_presets
-    from agentrl.evaluation import evaluate
-
-    available = load_agent_presets()
-    chosen = {p: available[p] for p in presets if p in available}
-    references: dict[str, dict[str, dict[str, Any]]] = {}
-    if not chosen:
-        return references
-    for policy in REFERENCE_POLICIES:
-        result = asyncio.run(evaluate(chosen, policy, groups=groups, progress=False))
-        for preset in chosen:
-            row = result.preset_metrics(preset)
-            references.setdefault(preset, {})[policy] = {
-                "success": _round(row["success"]), "return": _round(row["return"]),
-                "source": f"played now on {groups} validation seeds"}
     return references
 
 
@@ -249,10 +220,11 @@ def eval_data(path: str | Path) -> dict[str, Any]:
     presets = list(data["presets"])
     table = []
     for preset, row in data["presets"].items():
-        table.append({"preset": preset, "val_success": _round(row.get("success")),
-                      "val_return": _round(row.get("return")), "val_turns": _round(row.get("turns")),
-                      "val_action_is_valid": _round(row.get("action_is_valid")),
-                      "val_format_error": _round(row.get("format_error"))})
+        table.append({"preset": preset, "val_success": rounded(row.get("success")),
+                      "val_return": rounded(row.get("return")),
+                      "val_turns": rounded(row.get("turns")),
+                      "val_action_is_valid": rounded(row.get("action_is_valid")),
+                      "val_format_error": rounded(row.get("format_error"))})
     model = data.get("model", {}).get("name") if isinstance(data.get("model"), dict) else None
     extra = [("file", str(path)), ("policy", str(model or data.get("policy"))),
              ("split", str(data.get("split"))), ("seeds", str(data.get("seeds"))),

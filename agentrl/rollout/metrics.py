@@ -6,7 +6,7 @@
 Per preset (means over that preset's episodes unless said otherwise):
 
 - ``episodes`` (count: with ``success`` it gives the rate's confidence interval, see
-  :mod:`agentrl.stats`), ``success`` (rate), ``return`` (episode return, format penalties included), ``turns``,
+  :mod:`agentrl.evaluation.stats`), ``success`` (rate), ``return`` (episode return, format penalties included), ``turns``,
   ``num_actions`` (actions run per episode), ``response_length`` (model tokens per episode),
   ``truncated_turns`` (replies cut by the length limit, per episode), ``dropped_turns`` (turns
   left out of the context by the budget or the history window, per episode),

@@ -30,7 +30,8 @@ from typing import Any
 
 from matplotlib.figure import Figure
 
-from agentrl.stats import wilson_interval
+from agentrl.evaluation.references import played_references
+from agentrl.evaluation.stats import wilson_interval
 from agentrl.trainers.tracking import matching_keys, read_metrics
 
 __all__ = ["PANELS", "REFERENCES_FILE", "plot_learning_curves", "reference_success",
@@ -104,8 +105,6 @@ def reference_success(run_dir: Path, presets: list[str], groups: int
                       ) -> dict[str, dict[str, float]]:
     """The random and oracle policies' success per preset on the first ``groups`` validation
     seeds, played once and kept in ``run_dir/references.json`` (a resumed run reads it)."""
-    from agentrl.report.data import played_references  # the report's, not at import time
-
     path = run_dir / REFERENCES_FILE
     if path.exists():
         stored = json.loads(path.read_text())

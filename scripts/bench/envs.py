@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 import agentrl
-from agentrl.bench_cli import write_result
+from agentrl.cli.bench import write_result
 from agentrl.envs import GAMES, env_id
 
 

@@ -62,7 +62,7 @@ from rich.table import Table
 import dataclasses
 
 from agentrl.agents.grammar import AnswerGrammar
-from agentrl.bench_cli import device_name, write_result
+from agentrl.cli.bench import device_name, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.models.parts import causal_lm
 from agentrl.models import end_of_turn_ids, load_model

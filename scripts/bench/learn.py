@@ -25,7 +25,7 @@ trains once per training seed (``--seeds`` N: seeds 0..N-1), each in its own run
 ``<--run-dir>/<recipe>/seed_<s>``. The table shows per recipe the mean after-success, its
 spread over seeds (min-max and std), the gain over before, and the wall minutes of a run
 (training, and with evaluation). Random legal play and the oracle are the reference rows. JSON
-goes to ``--out`` (via :func:`agentrl.bench_cli.write_result`), the plot beside it (``.png``).
+goes to ``--out`` (via :func:`agentrl.cli.bench.write_result`), the plot beside it (``.png``).
 
 Budget: ``--steps`` PPO steps (the CPU hardware preset: 2 groups x 4 episodes a step) and
 ``--sft-episodes`` x ``--sft-epochs`` SFT. ``--minutes M`` also caps the training wall time of a
@@ -72,12 +72,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from agentrl.bench_cli import write_result
+from agentrl.cli.bench import write_result
 from agentrl.config import build_config, compose_config
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.evaluation import EvalResult, evaluate
+from agentrl.evaluation.stats import wilson_interval
 from agentrl.models import load_model
-from agentrl.stats import wilson_interval
 from agentrl.trainers.checkpoint import CHECKPOINTS_DIR
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.sft import SFTTrainer
@@ -407,7 +407,7 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
 
 def variant_overrides(preset: str, text: str) -> list[str]:
     """``enable_think=false`` -> ``agents.<preset>.enable_think=false`` (checked first)."""
-    from agentrl.compare import parse_variant
+    from agentrl.evaluation.compare import parse_variant
 
     variant = parse_variant(text)
     return [f"agents.{preset}.{key}={value}" for key, value in

@@ -27,7 +27,7 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.agents import load_agent_presets
-from agentrl.bench_cli import device_name, write_result
+from agentrl.cli.bench import device_name, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model

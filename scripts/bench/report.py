@@ -21,7 +21,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from agentrl.bench_cli import write_result
+from agentrl.cli.bench import write_result
 from agentrl.report import write_report
 from agentrl.report.browser import chromium, dump_dom
 from agentrl.trainers.episode_log import EpisodeLog

@@ -79,7 +79,7 @@ from rich.table import Table
 
 import agentrl
 from agentrl.agents import Agent, AgentConfig, load_agent_presets
-from agentrl.bench_cli import write_result
+from agentrl.cli.bench import write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.engines.constrained import TokenTexts
 from agentrl.envs.sokoban import MOVES

@@ -34,7 +34,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.bench_cli import device_name, write_result
+from agentrl.cli.bench import device_name, write_result
 from agentrl.config import compose_config
 from agentrl.envs.splits import train_seeds
 from agentrl.rollout import to_batch

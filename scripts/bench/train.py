@@ -34,7 +34,7 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from agentrl.bench_cli import write_result
+from agentrl.cli.bench import write_result
 from agentrl.config import compose_config
 from agentrl.trainers.local import LocalTrainer
 

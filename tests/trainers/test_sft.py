@@ -195,7 +195,7 @@ def test_a_shared_system_prompt_runs_once_with_the_same_loss_and_gradients(tiny)
 def test_checkpoint_is_a_plain_model_that_train_and_eval_start_from(tmp_path):
     """LoRA SFT saves the merged weights in the checkpoint format; ``model=<checkpoint>`` loads
     them (the train config accepts it and load_model reads its actor/ folder)."""
-    from agentrl.eval_cli import model_path
+    from agentrl.cli.eval import model_path
     from agentrl.models import load_model
 
     config = sft_config(tmp_path, epochs=2, lr=1e-2, episodes=2, mini_batch_size=2,

@@ -223,7 +223,7 @@ def test_learning_curves_png_from_a_run(tmp_path):
 def test_validation_success_has_a_95_percent_band(tmp_path):
     import matplotlib.image
 
-    from agentrl.stats import wilson_interval
+    from agentrl.evaluation.stats import wilson_interval
     from agentrl.trainers.plots import success_band
 
     lines = [{"step": s, "val/sokoban/success": s / 8} for s in (0, 4, 8)]

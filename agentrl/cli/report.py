@@ -22,7 +22,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from agentrl.eval_cli import positive_int
+from agentrl.cli.arguments import positive_int, writable_path
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -45,8 +45,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, out=None) -> int:
     from agentrl.report import write_report
-
-    from agentrl.eval_cli import writable_path
     from agentrl.report.data import read_eval_file
 
     out = out or sys.stdout

@@ -22,8 +22,9 @@ training log and in an eval report mean the same thing.
   without tokens. Every policy's trajectories go through the same
   :func:`agentrl.rollout.rollout_metrics`, so the reference rows use the model rows' formulas.
 - **Uncertainty.** Every success rate comes with its 95% Wilson interval
-  (:func:`agentrl.stats.wilson_interval`): the table shows it beside the rate and the JSON row
-  carries ``success_ci95 = [low, high]``. 32 games leave about +-17 points around 50%.
+  (:func:`agentrl.evaluation.stats.wilson_interval`): the table shows it beside the rate and
+  the JSON row carries ``success_ci95 = [low, high]``. 32 games leave about +-17 points around
+  50%.
 - **Progress.** A tqdm bar on stderr counts finished episodes, with the success rate so far.
 """
 
@@ -40,9 +41,9 @@ import numpy as np
 from agentrl.agents import Agent, AgentConfig
 from agentrl.engines import SamplingParams
 from agentrl.envs.splits import split_seeds
+from agentrl.evaluation.stats import wilson_interval
 from agentrl.rollout import rollout_metrics, run_groups
 from agentrl.rollout.records import Trajectory, Turn, turn_counts
-from agentrl.stats import wilson_interval
 
 __all__ = ["SCRIPTED_POLICIES", "TABLE_COLUMNS", "EvalResult", "evaluate", "greedy_sampling"]
 

@@ -25,7 +25,7 @@ presets generate their games on first use: slow once).
 over each preset, e.g. enable_think=false) on the same seeds and prints one table (success,
 return, reply tokens, seconds per episode per variant and preset); the JSON holds each
 variant's results and a PNG of the table goes to --plot (default: --out with .png).
-See agentrl/compare.py.
+See agentrl/evaluation/compare.py.
 """
 
 from __future__ import annotations
@@ -34,12 +34,14 @@ import argparse
 import asyncio
 import dataclasses
 import json
-import math
-import os
 import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
+
+from agentrl.cli.arguments import (
+    check_device, non_negative_float, non_negative_int, positive_int, writable_path,
+)
 
 DEFAULT_PRESETS = ("simpleSokobanAgent", "tetrisType1Agent", "blocksworldTextAgent")
 POLICIES = ("model", "oracle", "random")
@@ -53,68 +55,6 @@ CHECKPOINT_MODEL = Path("actor")
 """A training checkpoint keeps its Hugging Face model in this sub-folder."""
 CHECKPOINTS_DIR = "checkpoints"
 """A training run keeps its checkpoints here (``agentrl.trainers.checkpoint.CHECKPOINTS_DIR``)."""
-
-
-def positive_int(text: str) -> int:
-    return _int_at_least(text, 1)
-
-
-def non_negative_int(text: str) -> int:
-    return _int_at_least(text, 0)
-
-
-def _int_at_least(text: str, low: int) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        value = low - 1
-    if value < low:
-        raise argparse.ArgumentTypeError(f"expected an integer >= {low}, got {text!r}")
-    return value
-
-
-def non_negative_float(text: str) -> float:
-    """A finite number >= 0 (temperatures, delays)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = -1.0
-    if not (math.isfinite(value) and value >= 0):
-        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
-    return value
-
-
-def writable_path(path: str | Path, flag: str, folder: bool = False) -> Path:
-    """``path`` (a file, or a ``folder``) checked before any work: not the other kind, and
-    its folder can be made and written. ``ValueError`` naming ``flag`` otherwise."""
-    path = Path(path).expanduser()
-    kind = "folder" if folder else "file"
-    if path.exists() and path.is_dir() != folder:
-        raise ValueError(f"{flag} {str(path)!r} is a {'file' if folder else 'folder'}; allowed: "
-                         f"the path of a {kind} to write")
-    parent = path if folder else path.parent
-    blocking = next((p for p in (parent, *parent.parents) if p.exists()), None)
-    if blocking is not None and not blocking.is_dir():
-        raise ValueError(f"{flag} {str(path)!r}: {blocking} is a file, not a folder; allowed: a "
-                         f"{kind} under a writable folder")
-    try:
-        parent.mkdir(parents=True, exist_ok=True)
-    except OSError as error:
-        raise ValueError(f"{flag} {str(path)!r}: cannot make {parent} ({error.strerror}); "
-                         f"allowed: a {kind} under a writable folder") from None
-    if not os.access(parent, os.W_OK):
-        raise ValueError(f"{flag} {str(path)!r}: {parent} is not writable; allowed: a {kind} "
-                         "under a writable folder")
-    return path
-
-
-def check_device(device: str, flag: str = "--device") -> None:
-    """``cuda`` only where torch sees a CUDA GPU."""
-    import torch
-
-    if device == "cuda" and not torch.cuda.is_available():
-        raise ValueError(f"{flag} cuda: this torch sees no CUDA GPU ({torch.__version__}); "
-                         "allowed: cpu, or auto (cuda when available)")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -228,7 +168,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         check_device(args.device)
     variants = None
     if args.compare:
-        from agentrl.compare import apply_variant, parse_variant
+        from agentrl.evaluation.compare import apply_variant, parse_variant
 
         variants = [parse_variant(text) for text in args.compare]
         for variant in variants:  # a bad value fails before the model loads
@@ -246,7 +186,7 @@ def run(args: argparse.Namespace, out=None) -> int:
                   seed=args.seed, label=label, progress=not args.no_progress, **options)
     try:
         if variants:
-            from agentrl.compare import compare
+            from agentrl.evaluation.compare import compare
 
             results = asyncio.run(compare(presets, policy, variants, **common))
         else:
@@ -274,7 +214,7 @@ def run(args: argparse.Namespace, out=None) -> int:
 
 def _comparison_report(results, args: argparse.Namespace, label: str, console) -> dict:
     """Print the --compare table, draw its PNG; the JSON report of every variant."""
-    from agentrl.compare import comparison_rows, comparison_table, plot_comparison
+    from agentrl.evaluation.compare import comparison_rows, comparison_table, plot_comparison
 
     rows = comparison_rows(results)
     first = results[0][1]

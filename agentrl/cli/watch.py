@@ -101,8 +101,9 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     """Load the model and let it play one episode of ``args.game`` on ``args.seed``."""
     import dataclasses
 
+    from agentrl.cli.arguments import check_device
+    from agentrl.cli.eval import load_named_model
     from agentrl.engines import BatchingLLM, SamplingParams
-    from agentrl.eval_cli import check_device, load_named_model
     from agentrl.rollout import run_episode
 
     name, config = agent_preset_for(args.game, args.agent_preset, args.preset)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from agentrl.cli.arguments import writable_path
 from agentrl.config import compose_config
 
 
@@ -39,8 +40,6 @@ def run(args: argparse.Namespace) -> int:
     import pyarrow.parquet as pq
 
     from agentrl.verl.data import write_tasks
-
-    from agentrl.eval_cli import writable_path
 
     config = compose_config(args.overrides)
     if args.out is not None:

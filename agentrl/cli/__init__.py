@@ -8,20 +8,19 @@
 from __future__ import annotations
 
 import argparse
-import sys
 
-from agentrl import (
-    __version__, bench_cli, eval_cli, make_data_cli, play, report_cli, sft_cli, train_cli,
-)
+from agentrl import __version__
+from agentrl.cli import bench, make_data, play, report, sft, train
+from agentrl.cli import eval as eval_command  # the module; the name keeps the builtin
 
 COMMANDS = {
     "play": (play, "play a game in the terminal, or watch the oracle solve it"),
-    "eval": (eval_cli, "play held-out games and report success, return, turns per preset"),
-    "train": (train_cli, "train with PPO (hydra key=value overrides of configs/base.yaml)"),
-    "sft": (sft_cli, "supervised warm start on the oracle's play (same overrides as train)"),
-    "make-data": (make_data_cli, "write the verl backend's task files (preset, seed, split)"),
-    "report": (report_cli, "write one self-contained HTML page of a run or an eval file"),
-    "bench": (bench_cli, "run a benchmark of scripts/bench/ (none named: list them)"),
+    "eval": (eval_command, "play held-out games and report success, return, turns per preset"),
+    "train": (train, "train with PPO (hydra key=value overrides of configs/base.yaml)"),
+    "sft": (sft, "supervised warm start on the oracle's play (same overrides as train)"),
+    "make-data": (make_data, "write the verl backend's task files (preset, seed, split)"),
+    "report": (report, "write one self-contained HTML page of a run or an eval file"),
+    "bench": (bench, "run a benchmark of scripts/bench/ (none named: list them)"),
 }
 
 
@@ -44,7 +43,3 @@ def main(argv: list[str] | None = None) -> int:
         return args.run(args)
     except ValueError as error:  # bad options (unknown preset, bad setting): say which, no traceback
         args.error(str(error))
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import argparse
 
-from agentrl.train_cli import add_config_arguments, config_to_run
+from agentrl.cli.train import add_config_arguments, config_to_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -24,7 +24,7 @@ from typing import Any
 
 from agentrl.agents import AgentConfig
 from agentrl.agents.config import RULES
-from agentrl.evaluation import EvalResult, evaluate
+from agentrl.evaluation.held_out import EvalResult, evaluate
 
 __all__ = ["COMPARE_COLUMNS", "Variant", "compare", "comparison_rows", "parse_variant",
            "plot_comparison"]

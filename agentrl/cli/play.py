@@ -4,7 +4,7 @@ play it.
     agentrl play sokoban --seed 3
     agentrl play tetris --preset 4x4-type2 --oracle
     agentrl play blocksworld --constrained     # only valid actions are taken
-    agentrl play sokoban --model runs/agentrl/quick --delay 1     # a model (agentrl/watch.py)
+    agentrl play sokoban --model runs/agentrl/quick --delay 1     # a model (agentrl/cli/watch.py)
 
 Type an action per line (`help` lists them, `quit` or end of input stops). With
 ``--constrained`` a line goes to the game only when it is one of the valid actions, checked by
@@ -21,8 +21,8 @@ import time
 import gymnasium
 
 from agentrl.agents.grammar import AnswerGrammar
+from agentrl.cli.arguments import non_negative_float, non_negative_int, positive_int
 from agentrl.envs import GAMES, env_id
-from agentrl.eval_cli import non_negative_float, non_negative_int, positive_int
 
 QUIT = {"quit", "exit", "q"}
 
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     if args.model is not None:
-        from agentrl import watch
+        from agentrl.cli import watch
 
         return watch.run(args, stdin, out)
     kwargs = {} if args.preset is None else {"preset": args.preset}
