@@ -325,6 +325,7 @@ def verl_overrides() -> list[str]:
         "+ray_kwargs.ray_init.num_gpus=1",
         "ray_kwargs.ray_init.num_cpus=16",   # logical: each worker bundle asks for CPUs
         "+ray_kwargs.ray_init.include_dashboard=false",  # 9 processes of start-up, unused
+        "+ray_kwargs.ray_init.address=local",  # a Ray of its own, never a `ray start` cluster
         f"{actor}.use_torch_compile=false",
         f"+{actor}.fsdp_config.mixed_precision={fp32}",
         f"+critic.fsdp.mixed_precision={fp32}",

@@ -74,7 +74,7 @@ import agentrl
 from agentrl.config import TrainConfig
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.tracking import METRICS_FILE
-from agentrl.verl import constrained, preflight, returns
+from agentrl.verl import constrained, preflight, restart, returns
 from agentrl.verl.cluster import check_cluster
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE, write_tasks
 
@@ -330,8 +330,12 @@ several nodes) would not inherit them, so they travel in Ray's ``runtime_env``."
 def _worker_env(config: TrainConfig) -> dict[str, Any]:
     env = launch_env(config)
     names = [*WORKER_ENV, *(_cpu_env() if on_cpu(config) else ())]
-    return {f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}": env[name]
-            for name in names if env.get(name)}
+    return {worker_env_key(name): env[name] for name in names if env.get(name)}
+
+
+def worker_env_key(name: str) -> str:
+    """The override that sets variable ``name`` in every Ray worker (Ray's ``runtime_env``)."""
+    return f"++ray_kwargs.ray_init.runtime_env.env_vars.{name}"
 
 
 def _cpu_env() -> dict[str, str]:
@@ -471,6 +475,7 @@ def launch_env(config: TrainConfig, base: Mapping[str, str] | None = None) -> di
         env.update(constrained.launch_env())
     env[EXTERNAL_MODULES] = external_modules(*env.get(EXTERNAL_MODULES, "").split(","), *masked)
     env[returns.VALUE_CLIP_ENV] = config.critic.value_clip_scale
+    env.update(restart.run_mark(config.run_dir))  # every process of the launch: see restart
     return env
 
 
@@ -504,13 +509,16 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
             compose_verl_config(overrides)
             command, env = launch_command(overrides, config), launch_env(config)
     print("\n".join(report), flush=True)
+    prepare_restart(config, verl_config)
     config.run_dir.mkdir(parents=True, exist_ok=True)
     (config.run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     print(f"writing the task files into {paths[0].parent}", flush=True)
     write_tasks(config, paths[0].parent)
     _write_tiny_model(config)
     print(f"starting verl: {shlex.join(command[:3])} ... ({len(overrides)} overrides)", flush=True)
-    returncode = subprocess.run(command, env=env, check=False).returncode
+    command, env = _same_wandb_run(config, command, env)
+    returncode = subprocess.run(command, env=env, check=False,
+                                preexec_fn=restart.die_with_parent).returncode
     metrics = config.run_dir / METRICS_FILE  # our metrics, written by the AgentLoop's manager
     if config.trainer.plot and metrics.exists():
         references = reference_success(config.run_dir, list(config.val.presets),
@@ -519,6 +527,31 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
                                     references=references)
         print(f"metrics: {metrics}\nlearning curves: {plot}", flush=True)
     return returncode
+
+
+def prepare_restart(config: TrainConfig, verl_config: Any) -> None:
+    """What a killed earlier launch into ``run_dir`` left, put right (:mod:`.restart`): its
+    processes ended, verl's resume tracker pointed at the newest intact checkpoint."""
+    from verl.trainer.ppo.utils import need_critic
+
+    restart.end_leftovers(config.run_dir)
+    roles = ("actor", "critic") if need_critic(verl_config) else ("actor",)
+    restart.resume_point(config.run_dir / "checkpoints", str(config.resume), roles)
+
+
+def _same_wandb_run(config: TrainConfig, command: list[str], env: Mapping[str, str]
+                    ) -> tuple[list[str], dict[str, str]]:
+    """verl's WandB run continued by a restart, as the local engine's: the run id kept in
+    ``run_dir/run.json`` and ``resume=allow`` (verl's ``wandb.init`` names no id; WandB reads
+    these variables; a Ray cluster started before the launch gets them in the runtime_env)."""
+    from agentrl.trainers.tracking import run_id_for
+
+    if "wandb" not in config.trainer.logger or "WANDB_RUN_ID" in env:
+        return command, dict(env)
+    wandb = {"WANDB_RUN_ID": run_id_for(config.run_dir, config.experiment),
+             "WANDB_RESUME": "allow"}
+    runtime = [f"{worker_env_key(key)}={hydra_value(value)}" for key, value in wandb.items()]
+    return [*command[:-1], *runtime, command[-1]], {**env, **wandb}
 
 
 def _write_tiny_model(config: TrainConfig) -> None:
@@ -541,7 +574,7 @@ def without_flash_attn(config: TrainConfig) -> TrainConfig:
           "(slower, same results).\n!!!! Install it: MAX_JOBS=4 pip install "
           "--no-build-isolation flash-attn==2.8.3", file=sys.stderr, flush=True)
     overrides = (*cpu_platform.sdpa_overrides(), *config.verl.overrides)
-    env_vars = [f"++ray_kwargs.ray_init.runtime_env.env_vars.{key}={hydra_value(value)}"
+    env_vars = [f"{worker_env_key(key)}={hydra_value(value)}"
                 for key, value in _sdpa_env().items()]
     return dataclasses.replace(config, verl=dataclasses.replace(
         config.verl, overrides=(*overrides, *env_vars)))

@@ -193,7 +193,7 @@ def test_dry_run_prints_verls_config_and_the_command_and_writes_nothing(tmp_path
 def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch):
     calls = []
 
-    def verl_run(command, env, check):
+    def verl_run(command, env, check, **kwargs):
         calls.append((command, env))
         records = [{"step": s, "time": 0, "train/p/success": s / 2} for s in (1, 2)]
         (tmp_path / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in records))
