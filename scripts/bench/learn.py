@@ -48,6 +48,11 @@ five recipes x 3 seeds about 2.5-3 hours (``--minutes`` caps it).
 
 Extra ``key=value`` arguments are config overrides of every run (``threads=1``,
 ``lora.rank=8``, ``actor.lr=...``); the recipe's own keys (decoding, presets, model) win.
+``--lever NAME=KEY=VALUE[,KEY=VALUE]`` (repeatable) adds, per lever, one more run of every chosen recipe
+that has a PPO stage, with those config overrides on its PPO stage only (``sft_ppo`` shares
+the SFT stage of the recipe without the lever, so a lever row differs from ``sft_ppo`` in PPO
+alone), each in ``<--run-dir>/<recipe>@<NAME>/``, rows labelled ``recipe @NAME``: the levers of
+RL after the warm start, measured beside the recipes.
 ``--compare VARIANT ...`` runs every recipe once per variant of the preset's agent settings
 (``KEY=VALUE[,KEY=VALUE]`` as ``agentrl eval --compare``, e.g. ``enable_think=true
 enable_think=false``), each in ``<--run-dir>/<variant>/``, rows labelled ``recipe [variant]``.
@@ -137,6 +142,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="agent settings over --preset, KEY=VALUE[,KEY=VALUE]: every "
                              "recipe runs once per variant (e.g. enable_think=true "
                              "enable_think=false)")
+    parser.add_argument("--lever", action="append", default=[],
+                        metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                        help="one more run of each chosen PPO recipe with these overrides on "
+                             "its PPO stage only (rows 'recipe @NAME'); repeat for more levers")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides of every run")
     args = parser.parse_args(argv)
@@ -146,6 +155,16 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--preset {BANDIT} allows --recipes {' '.join(BANDIT_RECIPES)}")
     if bandit and args.compare:
         parser.error(f"--compare needs an agent preset (--preset), not {BANDIT}")
+    args.levers = {}
+    for text in args.lever:
+        name, _, overrides = text.partition("=")
+        pairs = [pair.strip() for pair in overrides.split(",") if pair.strip()]
+        if not name.isidentifier() or not pairs or any("=" not in pair for pair in pairs):
+            parser.error(f"--lever {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE] with a NAME "
+                         "of letters, digits and underscores")
+        args.levers[name] = pairs
+    if args.levers and not any(RECIPES[r].ppo for r in args.recipes):
+        parser.error("--lever needs a recipe with a PPO stage (ppo, ppo_constrained, sft_ppo)")
     if args.val_every is None:
         args.val_every = args.steps
     for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms",
@@ -313,16 +332,19 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
         "wall_minutes": (time.perf_counter() - start) / 60})
 
 
-def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, Any] | None
-              ) -> dict[str, Any]:
-    """PPO for ``--steps`` steps (or to the budget), validated at its last step."""
+def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, Any] | None,
+              lever: tuple[str, list[str]] | None = None) -> dict[str, Any]:
+    """PPO for ``--steps`` steps (or to the budget), validated at its last step; ``lever``
+    (name, overrides) changes this stage's config alone."""
     args = configs.args
-    folder = args.run_dir / recipe / f"seed_{seed}"
+    name, lever_overrides = lever or ("", [])
+    folder = args.run_dir / (f"{recipe}@{name}" if name else recipe) / f"seed_{seed}"
     minutes = args.minutes
     if minutes is not None and start_from is not None:
         minutes = max(minutes - start_from["train_minutes"], 1e-9)  # at least one step
     settings = configs.settings(steps=args.steps, minutes=args.minutes,
                                 start_from=start_from and start_from["checkpoint"],
+                                **({"lever": lever_overrides} if lever_overrides else {}),
                                 **({"val_every": args.val_every}
                                    if args.val_every != args.steps else {}))
     if (record := cached_stage(folder, settings)) is not None:
@@ -331,7 +353,7 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
         constrained=configs.decoding(recipe), seed=seed, run_dir=folder,
         model=start_from and start_from["checkpoint"],
         extra=(f"train.total_steps={args.steps}", f"val.test_freq={args.val_every}",
-               "val.before_train=false", "trainer.keep_last=1"))
+               "val.before_train=false", "trainer.keep_last=1", *lever_overrides))
     start = time.perf_counter()
     trainer = LocalTrainer(config)
     try:
@@ -367,18 +389,21 @@ def deadline(minutes: float | None) -> float | None:
 
 
 # -- runs and summary ----------------------------------------------------------------------------
-def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any]) -> dict[str, Any]:
-    """One run of a recipe: its stages, then before/after and its minutes."""
+def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
+               lever: tuple[str, list[str]] | None = None) -> dict[str, Any]:
+    """One run of a recipe (with a ``--lever`` on its PPO stage): its stages, then
+    before/after and its minutes."""
     recipe = RECIPES[name]
+    ppo_folder = f"{name}@{lever[0]}" if lever else name
     if not recipe.sft and not recipe.ppo:
         stage = untrained_stage(configs, configs.decoding(name))
         return {"recipe": name, "seed": None, "before": before, **stage}
     stages = []
     if recipe.sft:  # its checkpoint is needed by a PPO stage that has not finished
-        ppo_done = (configs.args.run_dir / name / f"seed_{seed}" / STAGE_FILE).is_file()
+        ppo_done = (configs.args.run_dir / ppo_folder / f"seed_{seed}" / STAGE_FILE).is_file()
         stages.append(sft_stage(configs, seed, need_checkpoint=recipe.ppo and not ppo_done))
     if recipe.ppo:
-        stages.append(ppo_stage(configs, name, seed, stages[-1] if stages else None))
+        stages.append(ppo_stage(configs, name, seed, stages[-1] if stages else None, lever))
     run = {"recipe": name, "seed": seed, "before": before, "after": stages[-1]["after"],
            "train_minutes": sum(s["train_minutes"] for s in stages),
            "wall_minutes": sum(s["wall_minutes"] for s in stages),
@@ -428,15 +453,20 @@ def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]
     befores = {c: untrained_stage(configs, c)["after"]
                for c in dict.fromkeys(map(configs.decoding, args.recipes))}
     configs.before = befores
+    rows = [(name, None) for name in args.recipes] + [
+        (name, lever) for lever in args.levers.items() for name in args.recipes
+        if RECIPES[name].ppo]
     runs: dict[str, list[dict[str, Any]]] = {}
-    for name in args.recipes:
+    for name, lever in rows:
         recipe = RECIPES[name]
         seeds = range(args.seeds) if recipe.sft or recipe.ppo else range(1)
-        runs[name + suffix] = [run_recipe(configs, name, seed, befores[configs.decoding(name)])
-                               for seed in seeds]
+        label = name + (f" @{lever[0]}" if lever else "") + suffix
+        runs[label] = [run_recipe(configs, name, seed, befores[configs.decoding(name)], lever)
+                       for seed in seeds]
     return {"references": {policy + suffix: row for policy, row in references.items()},
-            "summary": [{"label": label, "variant": variant, **summarize(name, recipe_runs)}
-                        for name, (label, recipe_runs) in zip(args.recipes, runs.items())],
+            "summary": [{"label": label, "variant": variant, "lever": lever and lever[0],
+                         **summarize(name, recipe_runs)}
+                        for (name, lever), (label, recipe_runs) in zip(rows, runs.items())],
             "runs": runs}
 
 
@@ -449,7 +479,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             shutil.rmtree(folder)
     result = {
         "model": base.model.name, "preset": args.preset, "recipes": args.recipes,
-        "variants": args.compare, "seeds": args.seeds, "steps": args.steps,
+        "variants": args.compare, "levers": args.levers, "seeds": args.seeds,
+        "steps": args.steps,
         "episodes_per_step": base.train.group_num * base.train.group_size,
         "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
         "minutes": args.minutes, "val_games": args.val_groups, "overrides": args.overrides,

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-SUMMARY_KEYS = {"label", "variant", "recipe", "runs", "before", "after_mean", "after_min", "after_max", "after_std",
+SUMMARY_KEYS = {"label", "variant", "lever", "recipe", "runs", "before", "after_mean", "after_min", "after_max", "after_std",
                 "gain", "format_error_after", "train_minutes", "wall_minutes", "steps"}
 
 
@@ -53,6 +53,29 @@ def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsy
 
     with pytest.raises(ValueError, match="other settings"):
         bench.main(smoke_args(tmp_path, "--sft-epochs", "2"))
+
+
+@pytest.mark.slow
+def test_a_lever_changes_the_ppo_stage_alone(bench, tmp_path, one_torch_thread):
+    result = bench.main(smoke_args(tmp_path, "--lever", "hot=rollout.temperature=2.0"))
+    assert [row["label"] for row in result["summary"]] == ["untrained", "sft_ppo",
+                                                           "sft_ppo @hot"]
+    plain, hot = result["runs"]["sft_ppo"][0], result["runs"]["sft_ppo @hot"][0]
+    assert hot["stages"][0] == plain["stages"][0]  # one SFT stage, shared
+    assert hot["stages"][1]["settings"]["lever"] == ["rollout.temperature=2.0"]
+    assert "lever" not in plain["stages"][1]["settings"]
+    assert (tmp_path / "runs" / "sft_ppo@hot" / "seed_0" / "stage.json").is_file()
+
+
+def test_levers_are_checked(bench, capsys):
+    for bad in ("hot", "hot=", "two words=rollout.temperature=2", "hot=temperature"):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--lever", bad])
+        assert "--lever" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--recipes", "sft", "--lever", "hot=rollout.temperature=2"])
+    assert "needs a recipe with a PPO stage" in capsys.readouterr().err
+    assert bench.parse_args(["--lever", "a=x.y=1,x.z=2"]).levers == {"a": ["x.y=1", "x.z=2"]}
 
 
 def test_recipes_and_budgets_are_checked(bench, capsys):
