@@ -212,10 +212,12 @@ def _alive(pid: int) -> bool:
 
 
 PR_SET_PDEATHSIG = 1
+_PRCTL = ctypes.CDLL(None, use_errno=True).prctl if sys.platform.startswith("linux") else None
+"""libc's ``prctl``, looked up here: a forked child must not load libraries before ``exec``."""
 
 
 def die_with_parent() -> None:
     """For ``subprocess``'s ``preexec_fn``: the child is SIGKILLed when its parent dies (Linux;
     elsewhere nothing)."""
-    if sys.platform.startswith("linux"):
-        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if _PRCTL is not None:
+        _PRCTL(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
