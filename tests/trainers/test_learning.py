@@ -13,8 +13,12 @@ from __future__ import annotations
 import os
 
 import pytest
+import torch
+
+from agentrl.agents import Agent, agent_presets_from_dict
 from agentrl.config import build_config, compose_config
 from agentrl.models import load_model
+from agentrl.rollout.episode import first_prompt_ids
 from agentrl.trainers import ppo
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.sanity import first_token_bandit, likely_arms
@@ -64,3 +68,21 @@ def test_ppo_learns_the_paying_arm(estimator, tmp_path, monkeypatch, one_torch_t
     assert val[0] == 0.0, "greedy play starts on another arm"
     assert sum(train[:2]) / 2 < 0.5, "the first steps play near chance"
     assert sum(train[-3:]) / 3 >= 0.85 and val[STEPS] == 1.0, f"no learning: {train}"
+
+
+def test_greedy_play_starts_on_an_arm_that_does_not_pay(one_torch_thread):
+    """The learning test's starting point, in a second: the arms are distinct, the model's
+    greedy first token is the first arm, and only the last arm pays."""
+    model, tokenizer = load_model("tiny")
+    arms = likely_arms(model, tokenizer, ARMS)
+    assert len({arm.lower() for arm in arms}) == ARMS
+    config = agent_presets_from_dict({"bandit": first_token_bandit(arms)})["bandit"]
+    with Agent(config) as agent:
+        ids = first_prompt_ids(tokenizer, agent.reset(seed=0))
+        with torch.no_grad():
+            greedy = model(torch.tensor([ids])).logits[0, -1].argmax().item()
+        assert tokenizer.decode([greedy]).strip() == arms[0]
+        assert not agent.step(arms[0]).success
+    with Agent(config) as agent:
+        agent.reset(seed=0)
+        assert agent.step(arms[-1]).success
