@@ -72,6 +72,10 @@ class WatchedAgent:
     def success(self) -> bool:
         return self.agent.success
 
+    @property
+    def observation(self) -> str:
+        return self.agent.observation
+
     def answer_grammar(self):
         return self.agent.answer_grammar()
 
