@@ -70,6 +70,7 @@ def test_constrained_play_refuses_what_is_not_a_valid_action():
 
 
 # -- watching a model (--model) ---------------------------------------------------------------------
+@pytest.mark.slow  # loads a model in a subprocess; the whole episode below is the quick one
 def test_a_model_plays_turn_by_turn_until_q_on_standard_input():
     result = agentrl("play", "sokoban", "--model", "tiny", "--seed", "3", "--max-new-tokens", "8",
                      "--pause", stdin="\n\nq\nnever read\n")
@@ -115,6 +116,7 @@ def test_the_watched_agent_shows_each_actions_validity_and_the_board():
     agent.close()
 
 
+@pytest.mark.slow  # a model in a subprocess; tests/rollout/test_constrained.py is quick
 def test_a_constrained_model_takes_only_valid_actions():
     """--constrained with --model: the tiny random model decodes under the answer grammar, so
     every reply is well formed and every action valid (without it, its replies are noise)."""

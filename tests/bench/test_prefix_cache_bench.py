@@ -8,9 +8,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "prefix_cache.py"
 
 
+@pytest.mark.slow  # the bench in a subprocess; tests/engines/test_prefix_cache.py is quick
 def test_cached_run_reads_fewer_tokens_and_plays_the_same_episodes(tmp_path):
     out = tmp_path / "prefix.json"
     run = subprocess.run([sys.executable, str(SCRIPT), "--model", "tiny", "--groups", "1",

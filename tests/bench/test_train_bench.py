@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-pytestmark = pytest.mark.usefixtures("one_torch_thread")
+# Each test runs whole PPO steps of the CPU preset (40-90 s): the full suite runs them.
+pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
 
 
 def test_one_step_reports_stage_seconds_engine_work_and_load(tmp_path, load_script):

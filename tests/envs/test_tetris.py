@@ -179,7 +179,8 @@ def all_kits(width):
                 yield kit
 
 
-@pytest.mark.parametrize("preset", ["3x3-type2", "4x4-type2"])
+@pytest.mark.parametrize("preset", ["3x3-type2",
+                                    pytest.param("4x4-type2", marks=pytest.mark.slow)])
 def test_every_possible_first_kit_of_the_presets_clears_a_row(preset):
     dims = PRESETS[preset]
     width = dims["dim_x"]

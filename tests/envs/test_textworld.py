@@ -357,6 +357,7 @@ def test_install_keeps_a_valid_game_and_replaces_a_corrupt_one(fast_games, tmp_p
     assert sorted(p.name for p in pool.directory.iterdir()) == [str(seed)]
 
 
+@pytest.mark.slow  # compiles games in two worker processes
 def test_parallel_ensure_with_two_workers(tmp_path, monkeypatch):
     pool = GamePool(GameParams(**PRESETS["easy"]), tmp_path)
     seeds = [11, 7, 11]
@@ -369,6 +370,7 @@ def test_parallel_ensure_with_two_workers(tmp_path, monkeypatch):
     assert pool.ensure(seeds, workers=2, progress=False) == paths
 
 
+@pytest.mark.slow  # two spawned processes compile a game
 def test_two_processes_generating_the_same_game(tmp_path):
     """Both compile seed 5 at once; one rename wins, the other copy is discarded."""
     pool = GamePool(GameParams(**PRESETS["easy"]), tmp_path)
@@ -448,6 +450,7 @@ def episode_in_subprocess(preset, pool_dir, seed, warmup=(), hash_seed="0"):
                             env={**os.environ, "PYTHONHASHSEED": hash_seed})
 
 
+@pytest.mark.slow  # two fresh processes compile hard games (test_contract checks one seed in a new process)
 def test_generation_is_deterministic_across_processes(fast_games, tmp_path):
     """Two fresh processes (different hash seeds, one warmed up on another game) each
     generate hard seed 1 from scratch: same game file, walkthrough, text and episode."""

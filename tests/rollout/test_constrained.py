@@ -89,7 +89,7 @@ def test_first_ppo_ratio_is_one_under_the_mask(engine, tiny):
     model, tokenizer = tiny
     presets = [(name, PRESETS[name]) for name in ("quickSokobanAgent", "banditAgent",
                                                   "tetrisType1Agent")]
-    trajectories = asyncio.run(run_groups(presets, engine, tokenizer, CONSTRAINED, group_num=3,
+    trajectories = asyncio.run(run_groups(presets, engine, tokenizer, CONSTRAINED, group_num=1,
                                           group_size=2, max_context_tokens=4096))
     batch = to_batch(trajectories, pad_token_id=tokenizer.pad_token_id)
     assert "constraint_kind" in batch and (batch["constraint_kind"] >= 0).any()

@@ -69,6 +69,7 @@ def test_local_run_writes_a_sample_per_step_and_split(trained):
     assert record["return"] == pytest.approx(sum(t["reward"] for t in record["turns"]))
 
 
+@pytest.mark.slow  # trains again after a resume
 def test_resume_replaces_the_redone_steps_and_keeps_the_rest(trained, tmp_path):
     run_dir = tmp_path / "run"
     shutil.copytree(trained, run_dir)

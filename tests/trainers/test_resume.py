@@ -57,6 +57,7 @@ def test_killed_mid_step_resumes_without_lost_or_repeated_steps(tmp_path):
     assert "resumed from" in second.stderr
 
 
+@pytest.mark.slow  # two training runs in subprocesses
 def test_a_finished_run_is_not_trained_again(tmp_path):
     run_dir = tmp_path / "run"
     env = {**os.environ, "WANDB_MODE": "disabled"}

@@ -91,6 +91,7 @@ def test_one_node_without_a_cluster_looks_up_flash_attn_here(tmp_path):
     assert flash_attn == (importlib.util.find_spec("flash_attn") is not None) and notes == []
 
 
+@pytest.mark.slow  # starts Ray
 def test_the_probe_runs_on_the_node_and_reads_the_launchers_marker(tmp_path):
     """A real Ray task on this machine's node: the checkout, the marker file, flash-attn."""
     import ray
