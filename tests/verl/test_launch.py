@@ -37,7 +37,10 @@ def at(verl_cfg, key: str):
 
 
 # -- presets ---------------------------------------------------------------------------------------
-@pytest.mark.parametrize(("hardware", "model"), itertools.product(GPU_PRESETS, MODELS))
+@pytest.mark.parametrize(("hardware", "model"), [  # the quick tier: every preset and model once
+    pair if GPU_PRESETS.index(pair[0]) == MODELS.index(pair[1])
+    else pytest.param(*pair, marks=pytest.mark.slow)
+    for pair in itertools.product(GPU_PRESETS, MODELS)])
 def test_every_gpu_preset_passes_verls_checks(hardware, model):
     config, cfg = verl_config([f"hardware={hardware}", f"model={model}"])
     v, gpus = config.verl, config.verl.nnodes * config.verl.n_gpus_per_node
