@@ -317,3 +317,37 @@ def _randint(rng: Any, high: int) -> int:
 
 def _echo(action: str) -> str:
     return action if len(action) <= MAX_ECHO_CHARS else action[: MAX_ECHO_CHARS - 3] + "..."
+
+
+class AgentWrapper:
+    """An :class:`Agent` that ``run_episode`` plays through a wrapper (shown turn by turn, cut by
+    a token budget): what an episode reads of the agent, forwarded; ``reset`` and ``step`` are
+    the wrapper's to change."""
+
+    def __init__(self, agent: Agent):
+        self.agent = agent
+
+    @property
+    def config(self) -> AgentConfig:
+        return self.agent.config
+
+    @property
+    def spec(self) -> GameSpec:
+        return self.agent.spec
+
+    @property
+    def success(self) -> bool:
+        return self.agent.success
+
+    @property
+    def observation(self) -> str:
+        return self.agent.observation
+
+    def answer_grammar(self) -> AnswerGrammar:
+        return self.agent.answer_grammar()
+
+    def reset(self, seed: int | None = None) -> list[dict]:
+        return self.agent.reset(seed=seed)
+
+    def step(self, response_text: Any) -> TurnResult:
+        return self.agent.step(response_text)

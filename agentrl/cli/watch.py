@@ -21,7 +21,7 @@ import sys
 import time
 from typing import Any
 
-from agentrl.agents import Agent, AgentConfig, TurnResult, load_agent_presets
+from agentrl.agents import Agent, AgentConfig, AgentWrapper, TurnResult, load_agent_presets
 
 __all__ = ["WatchedAgent", "agent_preset_for", "run"]
 
@@ -52,32 +52,13 @@ def agent_preset_for(game: str, name: str | None, game_preset: str | None
                      f"--agent-preset (allowed: {', '.join(of_game)})")
 
 
-class WatchedAgent:
+class WatchedAgent(AgentWrapper):
     """An :class:`Agent` that shows each turn as ``run_episode`` plays it, then waits."""
 
     def __init__(self, agent: Agent, say, wait):
-        self.agent = agent
+        super().__init__(agent)
         self.say = say
         self.wait = wait
-
-    @property
-    def config(self) -> AgentConfig:
-        return self.agent.config
-
-    @property
-    def spec(self):
-        return self.agent.spec
-
-    @property
-    def success(self) -> bool:
-        return self.agent.success
-
-    @property
-    def observation(self) -> str:
-        return self.agent.observation
-
-    def answer_grammar(self):
-        return self.agent.answer_grammar()
 
     def reset(self, seed: int | None = None) -> list[dict]:
         messages = self.agent.reset(seed=seed)

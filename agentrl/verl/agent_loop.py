@@ -100,7 +100,7 @@ from verl.utils.ray_utils import auto_await
 from agentrl.agents import (
     Agent,
     AgentConfig,
-    GameSpec,
+    AgentWrapper,
     TurnResult,
     agent_presets_from_dict,
 )
@@ -285,41 +285,21 @@ class ResponseBudget:
         return self.total - self.used
 
 
-class BudgetedAgent:
+class BudgetedAgent(AgentWrapper):
     """An :class:`Agent` as ``run_episode`` plays it inside verl.
 
     ``reset`` returns the opening made off the event loop (by :func:`open_episode`), once;
     ``step`` ends the episode when the next observation and one reply token would not fit
-    ``budget``. ``config``, ``spec``, ``success``, ``observation`` and ``answer_grammar`` are
-    the agent's.
+    ``budget``; the rest is the agent's (:class:`AgentWrapper`).
     """
 
     def __init__(self, agent: Agent, seed: int, opening: list[dict], budget: ResponseBudget,
                  suffix: ChatSuffix):
-        self.agent = agent
+        super().__init__(agent)
         self.budget = budget
         self._seed = seed
         self._opening: list[dict] | None = opening
         self._suffix = suffix
-
-    @property
-    def config(self) -> AgentConfig:
-        return self.agent.config
-
-    @property
-    def spec(self) -> GameSpec:
-        return self.agent.spec
-
-    @property
-    def success(self) -> bool:
-        return self.agent.success
-
-    @property
-    def observation(self) -> str:
-        return self.agent.observation
-
-    def answer_grammar(self) -> Any:
-        return self.agent.answer_grammar()
 
     def reset(self, seed: int | None = None) -> list[dict]:
         if self._opening is None or seed != self._seed:
