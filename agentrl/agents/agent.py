@@ -265,6 +265,14 @@ class Agent:
         actions = plan[: self._actions_this_turn()] or self._legal_actions()[:1]
         return self._reply(actions, ORACLE_THINK)
 
+    def goal_distance(self) -> int | None:
+        """Actions the game's oracle still needs from here: 0 once won, None where it has no
+        plan (a lost game). The potential of distance shaping (``algorithm.distance_shaping``)."""
+        if self.success:
+            return 0
+        plan = self.env.unwrapped.oracle_plan()
+        return None if plan is None else len(plan)
+
     def random_response(self, rng: np.random.Generator | random.Random) -> str:
         """A well-formed reply of 1..limit actions drawn uniformly from the legal ones."""
         legal = self._legal_actions()
@@ -345,6 +353,9 @@ class AgentWrapper:
 
     def answer_grammar(self) -> AnswerGrammar:
         return self.agent.answer_grammar()
+
+    def goal_distance(self) -> int | None:
+        return self.agent.goal_distance()
 
     def reset(self, seed: int | None = None) -> list[dict]:
         return self.agent.reset(seed=seed)

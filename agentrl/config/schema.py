@@ -311,6 +311,10 @@ class AlgorithmConfig(Section):
     step_advantage_weight: float = setting(0.0, at_least(0), "a number >= 0")
     """GiGPO's step level: add this weight x each turn's advantage among the group's turns
     from the same board to the estimator's advantages (0 = off; local engine only)."""
+    distance_shaping: float = setting(0.0, at_least(0), "a number >= 0")
+    """Potential-based reward shaping by the game oracle's distance to the goal: each turn
+    earns this weight x the actions it brought the goal nearer (0 = off; local engine only;
+    a search per turn, for games whose oracle plans from any state)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -634,6 +638,10 @@ class TrainConfig(Section):
             raise ValueError(f"train.group_size={self.train.group_size} is not allowed with "
                              "algorithm.adv_estimator='grpo' (it compares the episodes of a "
                              "group); allowed: an integer >= 2, or adv_estimator='gae'")
+        if self.algorithm.distance_shaping and self.rollout.reward_placement != "turn":
+            raise ValueError(f"algorithm.distance_shaping={self.algorithm.distance_shaping} is "
+                             "not allowed with rollout.reward_placement='last' (it shapes each "
+                             "turn's reward); allowed: 0, or reward_placement='turn'")
         batch, mini = self.kept_trajectories, self.actor.ppo_mini_batch_size
         if mini is not None and batch % mini:
             raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "
@@ -676,6 +684,7 @@ class TrainConfig(Section):
             "rollout.norm_method": (self.rollout.norm_method, "identity"),
             "rollout.drop_uniform_groups": (self.rollout.drop_uniform_groups, False),
             "algorithm.step_advantage_weight": (self.algorithm.step_advantage_weight, 0.0),
+            "algorithm.distance_shaping": (self.algorithm.distance_shaping, 0.0),
             "critic.share_backbone": (self.critic.share_backbone, False),
             "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
             "train.sft_steps": (self.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`

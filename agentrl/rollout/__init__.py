@@ -3,7 +3,7 @@
 - :mod:`agentrl.rollout.records`: ``Turn``, ``Trajectory``, ``EpisodeOutcome``.
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
 - :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``drop_uniform_groups``,
-  ``normalize_returns``.
+  ``step_advantages``, ``distance_shaping``, ``normalize_returns``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout, one row per context window:
   ``context_samples``).
 - :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``).
@@ -12,6 +12,7 @@
 from agentrl.rollout.batch import REWARD_PLACEMENTS, TrainingSample, context_samples, to_batch
 from agentrl.rollout.episode import LLM, ChatSuffix, first_prompt_ids, run_episode
 from agentrl.rollout.groups import (
+    distance_shaping,
     drop_uniform_groups,
     filter_groups,
     group_trajectories,
@@ -25,7 +26,7 @@ from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
 
 __all__ = [
     "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "EpisodeOutcome", "TrainingSample", "Trajectory",
-    "Turn", "context_samples", "drop_uniform_groups", "filter_groups",
+    "Turn", "context_samples", "distance_shaping", "drop_uniform_groups", "filter_groups",
     "first_prompt_ids", "group_trajectories", "normalize_returns", "normalize_scores",
     "rollout_metrics", "run_episode", "run_groups", "step_advantages", "to_batch",
 ]

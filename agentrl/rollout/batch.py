@@ -74,12 +74,15 @@ def kept_turns(trajectory: Trajectory, length: int) -> list[tuple[int, float]]:
 
 def turn_rewards(trajectory: Trajectory) -> list[float]:
     """Each turn's reward, through the normalizer's affine map when the return was normalized:
-    ``a * r_k + b / n`` (see the module docstring)."""
+    ``a * r_k + b / n`` (see the module docstring), plus its shaping term when it has one
+    (``Trajectory.turn_shaping``, never normalized: its scale is the weight's)."""
+    shaping = trajectory.turn_shaping or [0.0] * len(trajectory.turn_rewards)
     if trajectory.score is None:
-        return list(trajectory.turn_rewards)
+        return [reward + extra for reward, extra in zip(trajectory.turn_rewards, shaping)]
     scale, shift = trajectory.score_map or (1.0, trajectory.score - trajectory.episode_return)
     n = max(1, len(trajectory.turn_rewards))
-    return [scale * reward + shift / n for reward in trajectory.turn_rewards]
+    return [scale * reward + shift / n + extra
+            for reward, extra in zip(trajectory.turn_rewards, shaping)]
 
 
 def discounted_turn_rewards(rewards: Sequence[float], gamma: float) -> list[float]:

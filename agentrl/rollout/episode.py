@@ -178,12 +178,15 @@ async def run_episode(
     group_index: int = 0,
     preset: str | None = None,
     suffix: ChatSuffix | None = None,
+    goal_distances: bool = False,
 ) -> Trajectory:
     """Play one episode of ``agent`` on game ``seed``; see the module docstring for the rules.
 
     ``sampling`` is a :class:`agentrl.engines.SamplingParams` (any frozen dataclass with
     ``max_new_tokens`` and ``stop_token_ids`` works). ``suffix`` may be shared between episodes
-    of one tokenizer (it is stateless after construction).
+    of one tokenizer (it is stateless after construction). ``goal_distances``: record the
+    oracle's remaining actions before the first turn and after each (``agent.goal_distance()``,
+    a search per turn) in ``Trajectory.goal_distances``, for distance shaping.
     """
     config = agent.config
     suffix = suffix or ChatSuffix(tokenizer)
@@ -198,6 +201,7 @@ async def run_episode(
 
     start = time.perf_counter()
     messages = agent.reset(seed=seed)
+    distances = [agent.goal_distance()] if goal_distances else None
     timings["env_s"] += time.perf_counter() - start
     start = time.perf_counter()
     prompt_ids = suffix.first_prompt(messages)
@@ -266,6 +270,8 @@ async def run_episode(
             result = await asyncio.to_thread(agent.step, text)
         else:
             result = agent.step(text)
+        if distances is not None:
+            distances.append(agent.goal_distance())
         timings["env_s"] += time.perf_counter() - start
         turns.append(Turn(
             prompt_ids=tuple(next_prompt), response_ids=tuple(ids), logprobs=tuple(lps),
@@ -306,4 +312,5 @@ async def run_episode(
         num_turns=len(turns), turns=turns, metrics=metrics, timings=timings,
         response_token_masks=(token_masks if any(m is not None for m in token_masks)
                               else None),
-        response_features=features if any(f is not None for f in features) else None)
+        response_features=features if any(f is not None for f in features) else None,
+        goal_distances=distances)

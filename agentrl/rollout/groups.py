@@ -27,6 +27,10 @@ game, so its episodes meet the same board again and again; the turns taken from 
 compared by their returns-to-go (``mean_std`` within that board's turns), which credits the
 reply that differed rather than the whole episode.
 
+Distance shaping (:func:`distance_shaping`): where a game's oracle can say how many actions
+the goal still is, each turn earns the distance it closed (potential-based shaping), so a
+turn's credit need not wait for the episode's end.
+
 Normalization (:func:`normalize_returns`) of episode returns into ``Trajectory.score``:
 ``grouping="state"`` normalizes within each group (same preset and seed), ``"batch"`` over all
 trajectories; ``method`` is ``identity`` (score = return), ``mean_std`` ((r - mean) / (std +
@@ -53,7 +57,7 @@ from agentrl.agents import Agent, AgentConfig
 from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["drop_uniform_groups", "filter_groups", "group_trajectories", "normalize_returns",
+__all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories", "normalize_returns",
            "run_groups", "step_advantages"]
 
 FILTER_MODES = ("std", "std_rev")
@@ -74,11 +78,14 @@ async def run_groups(
     seeds: Iterable[int] | None = None,
     max_context_tokens: int,
     on_episode_done: Callable[[Trajectory], None] | None = None,
+    goal_distances: bool = False,
 ) -> list[Trajectory]:
     """Run every episode of every group concurrently; trajectories in group order.
 
     ``seeds`` gives one seed per group (default ``0..group_num-1``). ``on_episode_done`` is
     called with each trajectory as its episode ends (for progress bars), in completion order.
+    ``goal_distances`` records the oracle's distance to the goal at every turn
+    (``run_episode``'s argument), for :func:`distance_shaping`.
     """
     pairs = list(presets.items()) if isinstance(presets, Mapping) else list(presets)
     if not pairs:
@@ -98,7 +105,8 @@ async def run_groups(
             agents.append(agent)
             jobs.append(run_episode(agent, seed, llm, tokenizer, sampling,
                                     max_context_tokens=max_context_tokens, group_index=g,
-                                    preset=name, suffix=suffix))
+                                    preset=name, suffix=suffix,
+                                    goal_distances=goal_distances))
     if on_episode_done is not None:
         jobs = [_reporting(job, on_episode_done) for job in jobs]
     try:
@@ -175,6 +183,29 @@ def step_advantages(trajectories: Sequence[Trajectory], gamma: float = 1.0
                 values[i][k] = a
         for i in idx:
             out[i] = dataclasses.replace(trajectories[i], turn_advantages=values[i])
+    return out
+
+
+def distance_shaping(trajectories: Sequence[Trajectory], weight: float, gamma: float = 1.0
+                     ) -> list[Trajectory]:
+    """Copies of ``trajectories`` with ``turn_shaping``: ``weight * (d_k - gamma * d_{k+1})``
+    for the turn from oracle distance ``d_k`` to ``d_{k+1}`` (``Trajectory.goal_distances``).
+
+    This is potential-based shaping with the potential ``-weight * distance`` (Ng, Harada and
+    Russell, 1999): every turn learns at once whether it brought the goal nearer, yet an
+    episode's shaped return differs from its own only by ``weight * (d_0 - gamma^T d_T)``, so
+    the best policy stays the best. A turn next to an unknown distance gets 0; a trajectory
+    without recorded distances raises (the rollout must ask for them)."""
+    out = []
+    for trajectory in trajectories:
+        distances = trajectory.goal_distances
+        if distances is None:
+            raise ValueError(f"episode {trajectory.preset}/{trajectory.seed} has no goal "
+                             "distances: run the rollout with goal_distances=True")
+        shaping = [0.0 if before is None or after is None
+                   else weight * (before - gamma * after)
+                   for before, after in zip(distances, distances[1:])]
+        out.append(dataclasses.replace(trajectory, turn_shaping=shaping))
     return out
 
 

@@ -117,6 +117,12 @@ class Trajectory:
     turn_advantages: list[float] | None = None
     """One step-level advantage per turn (:func:`agentrl.rollout.groups.step_advantages`);
     ``to_batch`` puts each on its reply's tokens (``step_advantages``). None: not computed."""
+    goal_distances: list[int | None] | None = None
+    """The oracle's remaining actions before the first turn and after each turn (one more than
+    the turns; None where it had no plan), when the rollout asked for them. None: not recorded."""
+    turn_shaping: list[float] | None = None
+    """One shaping term per turn (:func:`agentrl.rollout.groups.distance_shaping`), added to
+    the turn's reward in training only: returns and metrics never include it."""
     score_map: tuple[float, float] | None = None
     """The normalizer's affine map ``(scale, shift)``: ``score = scale * episode_return +
     shift`` (scale 0 where the score is a constant: a clipped score, or a group without
@@ -135,6 +141,11 @@ class Trajectory:
             raise ValueError("one turn end position per turn reward")
         if self.turn_advantages is not None and len(self.turn_advantages) != len(self.turn_rewards):
             raise ValueError("one turn advantage per turn reward")
+        if self.turn_shaping is not None and len(self.turn_shaping) != len(self.turn_rewards):
+            raise ValueError("one shaping term per turn reward")
+        if (self.goal_distances is not None
+                and len(self.goal_distances) != len(self.turn_rewards) + 1):
+            raise ValueError("one goal distance before the first turn and one after each turn")
 
     @property
     def input_ids(self) -> list[int]:

@@ -70,8 +70,9 @@ from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.models.precision import compute_precision
-from agentrl.rollout import (drop_uniform_groups, filter_groups, normalize_returns,
-                             rollout_metrics, run_groups, step_advantages, to_batch)
+from agentrl.rollout import (distance_shaping, drop_uniform_groups, filter_groups,
+                             normalize_returns, rollout_metrics, run_groups, step_advantages,
+                             to_batch)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers import ppo
 from agentrl.trainers.checkpoint import (
@@ -367,9 +368,12 @@ class LocalTrainer:
             metrics.update(timer.metrics())
             return metrics
         with timer("filter"):
-            if config.algorithm.step_advantage_weight:
-                algo = config.algorithm  # its turns are compared by undiscounted returns per token
-                kept = step_advantages(kept, algo.gamma if algo.gamma_unit == "turn" else 1.0)
+            algo = config.algorithm  # turns are compared and shaped by undiscounted returns per token
+            turn_gamma = algo.gamma if algo.gamma_unit == "turn" else 1.0
+            if algo.step_advantage_weight:
+                kept = step_advantages(kept, turn_gamma)
+            if algo.distance_shaping:
+                kept = distance_shaping(kept, algo.distance_shaping, turn_gamma)
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
@@ -394,7 +398,8 @@ class LocalTrainer:
                 presets, self.llm, self.tokenizer, sampling, group_num=len(seeds),
                 group_size=group_size, seeds=seeds,
                 max_context_tokens=self.config.rollout.max_context_tokens,
-                on_episode_done=lambda _: bar.update(1)))
+                on_episode_done=lambda _: bar.update(1),
+                goal_distances=bool(self.config.algorithm.distance_shaping)))
 
     @torch.no_grad()
     def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer, *,

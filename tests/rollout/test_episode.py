@@ -11,6 +11,7 @@ from agentrl.agents import Agent, format_response, load_agent_presets
 from agentrl.engines import SamplingParams
 from agentrl.models import end_of_turn_ids
 from agentrl.rollout import ChatSuffix, run_episode, to_batch
+from agentrl.rollout.batch import token_rewards
 
 from rollout_fakes import FakeLLM, game_reply
 
@@ -188,3 +189,61 @@ def test_chat_suffix_rejects_templates_that_rewrite_history(chatml_tokenizer):
 
     with pytest.raises(ValueError, match="close an assistant turn"):
         ChatSuffix(Weird(chatml_tokenizer))
+
+
+def test_goal_distances_follow_the_oracle_and_shaping_lands_on_each_turn(chatml_tokenizer):
+    """The oracle's moves close one action of distance each; a legal move the wrong way opens
+    some. Shaped turn rewards carry exactly those differences, and only when asked."""
+    from agentrl.envs.blocksworld import BlocksWorldEnv
+    from agentrl.rollout import distance_shaping
+
+    config = dataclasses.replace(PRESETS["tightBlocksworldTurnsAgent"], max_turns=6)
+    with Agent(config) as agent:  # find a game whose first oracle move has a legal alternative
+        agent.reset(seed=3)
+        env: BlocksWorldEnv = agent.env.unwrapped
+        first = env.oracle_plan()[0]
+        detour = next(a for a in env.valid_actions() if a != first)
+
+    def reply(ids, call):  # turn 1: a detour; then the oracle from wherever it stands
+        with Agent(config) as probe:
+            probe.reset(seed=3)
+            if call == 0:
+                return format_response([detour], separator=",", think=None,
+                                       answer_format=config.answer_format)
+            for past in replies:
+                probe.step(past)
+            return probe.oracle_response()
+
+    replies: list[str] = []
+
+    def recording(ids, call):
+        text = reply(ids, call)
+        replies.append(text)
+        return text
+
+    with Agent(config) as agent:
+        traj = asyncio.run(run_episode(agent, 3, FakeLLM(chatml_tokenizer, recording),
+                                       chatml_tokenizer, SAMPLING, max_context_tokens=8192,
+                                       goal_distances=True))
+        start = Agent(config)
+        start.reset(seed=3)
+        d0 = start.goal_distance()
+    distances = traj.goal_distances
+    assert traj.success and distances[0] == d0 and distances[-1] == 0
+    assert len(distances) == traj.num_turns + 1
+    assert distances[1] >= distances[0]  # the detour brought the goal no nearer
+    assert all(b - a == -1 for a, b in zip(distances[1:], distances[2:]))  # oracle: one a move
+    shaped = distance_shaping([traj], weight=0.5)[0]
+    assert shaped.turn_shaping == pytest.approx(
+        [0.5 * (a - b) for a, b in zip(distances, distances[1:])])
+    assert shaped.turn_shaping[0] <= 0 < shaped.turn_shaping[1]
+    rewards = token_rewards(shaped, "turn")  # the whole episode (the batch cuts it in windows)
+    for pos, reward, extra in zip(traj.turn_end_positions, traj.turn_rewards,
+                                  shaped.turn_shaping):
+        assert rewards[pos] == pytest.approx(reward + extra)
+    assert shaped.episode_return == traj.episode_return  # metrics never see the shaping
+    unasked = play(SOKOBAN, chatml_tokenizer, FakeLLM(chatml_tokenizer,
+                                                       lambda ids, call: game_reply("Sokoban")))
+    assert unasked.goal_distances is None
+    with pytest.raises(ValueError, match="goal_distances=True"):
+        distance_shaping([unasked], weight=1.0)

@@ -199,3 +199,22 @@ def test_step_advantages_land_on_their_replies_tokens():
     batch = to_batch([episode], pad_token_id=0)
     assert batch["step_advantages"][0].tolist() == pytest.approx([expected[0], 0.0, expected[1]])
     assert "step_advantages" not in to_batch([board_episode(0, ["A"], [1.0])], pad_token_id=0)
+
+
+def test_distance_shaping_is_potential_based_and_survives_normalization():
+    import dataclasses
+
+    from agentrl.rollout import distance_shaping
+
+    episode = dataclasses.replace(traj(0, 9.0, rewards=[-1.0, 9.0]), goal_distances=[3, None, 0])
+    (shaped,) = distance_shaping([episode], weight=2.0, gamma=0.5)
+    assert shaped.turn_shaping == [0.0, 0.0]  # an unknown distance shapes neither turn beside it
+    episode = dataclasses.replace(episode, goal_distances=[3, 2, 0])
+    (shaped,) = distance_shaping([episode], weight=2.0, gamma=0.5)
+    assert shaped.turn_shaping == pytest.approx([2.0 * (3 - 0.5 * 2), 2.0 * (2 - 0.0)])
+    (other,) = normalize_returns([shaped, dataclasses.replace(shaped, episode_return=1.0,
+                                                              turn_rewards=[-1.0, 2.0])],
+                                 method="mean_std")[:1]
+    scale, shift = other.score_map
+    assert token_rewards(other, "turn") == pytest.approx(
+        [0.0, scale * -1.0 + shift / 2 + 4.0, 0.0, scale * 9.0 + shift / 2 + 4.0])
