@@ -388,8 +388,22 @@ def _from_gguf(path: Path, tokenizer_only: bool):
     model = AutoModelForCausalLM.from_pretrained(
         path.parent, gguf_file=path.name, dtype=torch.float32
     )
+    _forget_gguf_quantizer(model)
     _sync_special_ids(model, tokenizer)
     return model, tokenizer
+
+
+def _forget_gguf_quantizer(model: Any) -> None:
+    """Newer transformers (5.17) keep a GGUF "quantizer" on a model loaded from a GGUF file and
+    then refuse ``save_pretrained``; its weights are already de-quantized float tensors, so the
+    marker goes and the model saves and reloads as an ordinary one."""
+    quantizer = getattr(model, "hf_quantizer", None)
+    method = getattr(getattr(quantizer, "quantization_config", None), "quant_method", None)
+    if quantizer is None or str(getattr(method, "value", method)).lower() != "gguf":
+        return
+    model.hf_quantizer = None
+    if getattr(model.config, "quantization_config", None) is not None:
+        del model.config.quantization_config
 
 
 def _gguf_special_ids(path: Path) -> tuple[int | None, int | None]:

@@ -111,6 +111,31 @@ def test_local_folder_round_trip(tiny, tmp_path):
     assert loaded_tokenizer.pad_token_id == tokenizer.pad_token_id
 
 
+def test_a_model_loaded_from_gguf_saves_as_an_ordinary_one(tiny, tmp_path):
+    """transformers 5.17 leaves a GGUF quantizer on a model loaded from a .gguf file (its
+    weights de-quantized) and then refuses save_pretrained: the embedded model's conversion."""
+    from types import SimpleNamespace
+
+    model, _ = tiny
+    model.hf_quantizer = SimpleNamespace(quantization_config=SimpleNamespace(quant_method="gguf"))
+    model.config.quantization_config = {"quant_method": "gguf"}
+    try:
+        with pytest.raises(ValueError, match="not serializable"):
+            model.save_pretrained(tmp_path / "refused")
+        loading._forget_gguf_quantizer(model)
+        model.save_pretrained(tmp_path / "saved")
+        assert "quantization_config" not in json.loads((tmp_path / "saved" / "config.json")
+                                                       .read_text())
+        from transformers import AutoModelForCausalLM
+
+        reloaded = AutoModelForCausalLM.from_pretrained(tmp_path / "saved")
+        assert getattr(reloaded, "hf_quantizer", None) is None
+        assert torch.equal(reloaded.model.embed_tokens.weight, model.model.embed_tokens.weight)
+    finally:
+        model.hf_quantizer = None
+        vars(model.config).pop("quantization_config", None)
+
+
 @pytest.mark.parametrize(
     "name, expected",
     [
