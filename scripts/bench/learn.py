@@ -240,6 +240,20 @@ def cached_stage(folder: Path, settings: dict[str, Any]) -> dict[str, Any] | Non
     return record
 
 
+def portable(args: argparse.Namespace, path: str | Path | None) -> str | None:
+    """A checkpoint path as stored: relative to ``--run-dir`` when inside it, so a benchmark
+    folder committed or moved resumes with its settings unchanged."""
+    if path is None:
+        return None
+    path = Path(path).resolve()
+    return str(path.relative_to(args.run_dir)) if path.is_relative_to(args.run_dir) else str(path)
+
+
+def located(args: argparse.Namespace, path: str | None) -> Path | None:
+    """A stored checkpoint path (see :func:`portable`) as a path to open."""
+    return None if path is None else args.run_dir / path  # an absolute path stays itself
+
+
 def save_stage(folder: Path, settings: dict[str, Any], record: dict[str, Any]) -> dict[str, Any]:
     record = {"settings": settings, **record}
     folder.mkdir(parents=True, exist_ok=True)
@@ -310,7 +324,8 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
     settings = configs.settings(episodes=args.sft_episodes, epochs=args.sft_epochs,
                                 minutes=args.minutes)
     record = cached_stage(folder, settings)
-    if record is not None and (not need_checkpoint or Path(record["checkpoint"]).is_dir()):
+    if record is not None and (not need_checkpoint
+                               or located(args, record["checkpoint"]).is_dir()):
         return record
     config = configs.build(constrained=configs.decoding("sft"), seed=seed, run_dir=folder,
                            extra=(f"sft.episodes={args.sft_episodes}",
@@ -326,7 +341,8 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
         gc.collect()  # a trainer's model, optimizer and caches: free before the next stage
     train_s = result.seconds["demonstrations"] + result.seconds["train"]
     return save_stage(folder, settings, {
-        "after": after, "checkpoint": str(result.checkpoint), "updates": result.updates,
+        "after": after, "checkpoint": portable(args, result.checkpoint),
+        "updates": result.updates,
         "demonstrations": result.demonstrations, "first_loss": result.losses[0],
         "last_loss": result.losses[-1], "train_minutes": train_s / 60,
         "wall_minutes": (time.perf_counter() - start) / 60})
@@ -343,7 +359,8 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
     if minutes is not None and start_from is not None:
         minutes = max(minutes - start_from["train_minutes"], 1e-9)  # at least one step
     settings = configs.settings(steps=args.steps, minutes=args.minutes,
-                                start_from=start_from and start_from["checkpoint"],
+                                start_from=start_from and portable(
+                                    args, located(args, start_from["checkpoint"])),
                                 **({"lever": lever_overrides} if lever_overrides else {}),
                                 **({"val_every": args.val_every}
                                    if args.val_every != args.steps else {}))
@@ -351,7 +368,7 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
         return record
     config = configs.build(
         constrained=configs.decoding(recipe), seed=seed, run_dir=folder,
-        model=start_from and start_from["checkpoint"],
+        model=start_from and str(located(args, start_from["checkpoint"])),
         extra=(f"train.total_steps={args.steps}", f"val.test_freq={args.val_every}",
                "val.before_train=false", "trainer.keep_last=1", *lever_overrides))
     start = time.perf_counter()
@@ -378,7 +395,7 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
         if r["step"] > 0 and r.get(key + "success") is not None]
     return save_stage(folder, settings, {
         "after": after, "steps": run.step, "train_curve": curve, "val_curve": val_curve,
-        "checkpoint": str(run.checkpoint),
+        "checkpoint": portable(args, run.checkpoint),
         "plot": str(run.plot) if run.plot else None, "train_minutes": train_s / 60,
         "wall_minutes": (time.perf_counter() - start) / 60})
 

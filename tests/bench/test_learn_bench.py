@@ -54,6 +54,16 @@ def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsy
     with pytest.raises(ValueError, match="other settings"):
         bench.main(smoke_args(tmp_path, "--sft-epochs", "2"))
 
+    # the folder moved (committed, another machine): a new lever re-runs the pruned warm start
+    # elsewhere, and the finished PPO stage that started from the old one still reads back
+    (tmp_path / "runs").rename(tmp_path / "moved")
+    moved = [str(tmp_path / "moved") if a == str(tmp_path / "runs") else a
+             for a in smoke_args(tmp_path)]
+    bench.main([*moved, "--lever", "hot=rollout.temperature=2.0"])
+    assert bench.main(moved)["runs"]["sft_ppo"][0]["after"] == run["after"]
+    stage = json.loads((tmp_path / "moved" / "sft_ppo" / "seed_0" / "stage.json").read_text())
+    assert stage["settings"]["start_from"] == "sft/seed_0/checkpoints/step_000001"
+
 
 @pytest.mark.slow
 def test_a_lever_changes_the_ppo_stage_alone(bench, tmp_path, one_torch_thread):
