@@ -283,7 +283,8 @@ class RolloutConfig(Section):
     constrained_actions: bool | None = None
     """Mask each reply to well-formed answers of the turn's valid actions (thinking stays
     free); null = on with backend=local, off with verl (true there: vLLM's sampler and verl's
-    actor both masked, agentrl.verl.constrained; docs/TRAINING.md)."""
+    actor both masked, agentrl.verl.constrained; docs/TRAINING.md, "Constrained action
+    decoding")."""
 
 
 @dataclasses.dataclass(frozen=True)

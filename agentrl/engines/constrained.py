@@ -29,7 +29,8 @@ complete, and only then.
   members of a group share a grammar, so most steps are a dictionary look-up.
 
 The engine renormalizes over the allowed tokens (the masked logits' softmax) and returns each
-token's mask, so the trainer can recompute the same distribution (docs/TRAINING.md).
+token's mask, so the trainer can recompute the same distribution (docs/TRAINING.md,
+"Constrained action decoding").
 """
 
 from __future__ import annotations

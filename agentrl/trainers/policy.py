@@ -15,7 +15,8 @@ position ``P - 1 + i``, so its log-prob and its value both come from that positi
 Constrained decoding: when the batch has ``constraint_kind`` / ``constraint_ids``
 (:func:`agentrl.rollout.to_batch`), each constrained position's logits are masked to the tokens
 the sampler could choose from before the softmax, so the log-probs (and the entropy) are those
-of the masked, renormalized distribution the sampler drew from (docs/TRAINING.md).
+of the masked, renormalized distribution the sampler drew from (docs/TRAINING.md,
+"Constrained action decoding").
 
 Only the last ``R + 1`` positions go through the LM head (``logits_to_keep``): the prompt's
 logits are never materialised, which is most of the memory of a long multi-turn episode. With

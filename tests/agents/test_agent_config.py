@@ -38,7 +38,7 @@ def test_the_file_has_the_anchor_presets():
     simple = PRESETS["simpleSokobanAgent"]  # GRL's numbers
     assert (simple.max_turns, simple.max_actions_per_turn, simple.max_actions_all_turns,
             simple.action_separator) == (6, 5, 10, "||")
-    assert simple.format_penalty == "auto"  # GRL's -0.1 paid better than acting (TRAINING.md)
+    assert simple.format_penalty == "auto"  # docs/TRAINING.md, "Format penalty"
     assert simple.env_kwargs == {"preset": "6x6"}
 
 
