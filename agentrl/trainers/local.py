@@ -368,7 +368,9 @@ class LocalTrainer:
             metrics.update(timer.metrics())
             return metrics
         with timer("filter"):
-            algo = config.algorithm  # turns are compared and shaped by undiscounted returns per token
+            algo = config.algorithm
+            # the discount between turns: gamma under gamma_unit=turn; a per-token gamma has no
+            # per-turn equivalent, so turns are then compared and shaped undiscounted
             turn_gamma = algo.gamma if algo.gamma_unit == "turn" else 1.0
             if algo.step_advantage_weight:
                 kept = step_advantages(kept, turn_gamma)
