@@ -6,7 +6,8 @@
   counts its response budget.
 - :mod:`agentrl.verl.data`: the task files, one parquet row per game (preset, seed, split).
 - :mod:`agentrl.verl.launch`: our config -> verl's ``ppo_trainer`` config, ``--dry-run``,
-  and verl's own ``main_ppo``.
+  and verl's own ``main_ppo``; :mod:`~agentrl.verl.overrides` maps our keys onto verl's
+  overrides and the environment of its processes.
 - :mod:`agentrl.verl.preflight`: before Ray starts, verl's dispatch divisions and the per-GPU
   memory estimate; adapts micro-batches and offload, refuses the rest.
 - :mod:`agentrl.verl.cpu_platform`: a ``cpu`` platform for verl's ``PlatformRegistry`` and its
