@@ -27,11 +27,11 @@ Names, tried in this order:
   :class:`ModelNotFoundError` listing what was tried, within a few seconds (a reachability probe
   avoids huggingface_hub's ~50 s of retries).
 
-Fix-ups applied to every tokenizer: ``pad_token`` is set (eos when missing); for GGUF files the
-eos/pad tokens come from the file's metadata (transformers' GGUF converter labels SmolLM2's
-``<|im_start|>`` as eos; the file says ``<|im_end|>``); ``clean_up_tokenization_spaces`` is off,
-so decoding never edits spaces (:mod:`agentrl.models.common`). A model folder's ``generation_config`` keeps every
-end-of-sequence id it lists (after the tokenizer's eos): the engines stop a reply on each.
+Fix-ups applied to every tokenizer (:mod:`agentrl.models.common`): ``pad_token`` is set (eos
+when missing); for GGUF files the eos/pad tokens come from the file's metadata;
+``clean_up_tokenization_spaces`` is off, so decoding never edits spaces. A model folder's
+``generation_config`` keeps every end-of-sequence id it lists (after the tokenizer's eos): the
+engines stop a reply on each.
 """
 
 from __future__ import annotations
