@@ -12,18 +12,17 @@ from __future__ import annotations
 import math
 import re
 from pathlib import Path
-from typing import TYPE_CHECKING
-
-if TYPE_CHECKING:
-    from agentrl.config.schema import TrainConfig
+from typing import Any
 
 LOCAL_ONLY_MODELS = re.compile(r"embedded|tiny(?!-vllm$)(-.+)?")
 """Names ``agentrl.models.load_model`` builds in-process: verl's workers cannot load them
 (``tiny-vllm`` is written to a folder at launch, for ``hardware=cpu-verl``)."""
 
 
-def check_verl(config: TrainConfig) -> None:
-    """``ValueError`` naming the first key whose value verl cannot run, and what is allowed."""
+def check_verl(config: Any) -> None:
+    """``ValueError`` naming the first key whose value verl cannot run, and what is allowed.
+    ``config`` is a :class:`~agentrl.config.schema.TrainConfig` (not imported here: the schema
+    imports this module, and the rules read its sections only)."""
     check_verl_model(config.model.name)
     _check_local_only_features(config)
     _check_history_windows(config)
@@ -43,7 +42,7 @@ def divisors(number: int) -> list[int]:
     return [d for d in range(1, number + 1) if number % d == 0]
 
 
-def _check_local_only_features(config: TrainConfig) -> None:
+def _check_local_only_features(config: Any) -> None:
     if config.rollout.constrained_actions and config.verl.trainer != "legacy":
         raise ValueError(  # agentrl.verl.constrained: the masks ride in non_tensor_batch
             f"verl.trainer={config.verl.trainer!r} is not allowed with "
@@ -70,7 +69,7 @@ def _check_local_only_features(config: TrainConfig) -> None:
                          "exact only with lam 1; allowed: 1.0")
 
 
-def _check_history_windows(config: TrainConfig) -> None:
+def _check_history_windows(config: Any) -> None:
     windowed = sorted(name for name in dict.fromkeys(config.train.presets + config.val.presets)
                       if config.agents[name].history_window > 0)
     if windowed:
@@ -84,7 +83,7 @@ def _check_history_windows(config: TrainConfig) -> None:
                          "response budget, not a dropped turn, ends a long episode)")
 
 
-def _check_cluster(config: TrainConfig) -> None:
+def _check_cluster(config: Any) -> None:
     v, groups, size = config.verl, config.train.group_num, config.train.group_size
     if v.n_gpus_per_node % v.tensor_model_parallel_size:
         raise ValueError(f"verl.tensor_model_parallel_size={v.tensor_model_parallel_size} is "
