@@ -20,13 +20,19 @@ REACHED_THROUGH = {
     "agentrl.cli.report": "tests/report/test_report.py",
     "agentrl.cli.sft": "tests/test_bad_inputs.py",
     "agentrl.cli.train": "tests/test_cli_train.py",
+    "agentrl.config.verl_rules": "tests/verl/test_launch.py",  # TrainConfig's verl refusals
+    "agentrl.engines.replies": "tests/engines/test_jump_forward.py",  # BatchingLLM's replies
     "agentrl.envs.search": "tests/envs/test_sokoban.py",  # the oracles' search
     "agentrl.evaluation.references": "tests/test_evaluation.py",
+    "agentrl.models.embedded": "tests/models/test_loading.py",  # through loading
     "agentrl.models.parts": "tests/engines/test_features.py",
+    "agentrl.models.tiny": "tests/models/test_loading.py",  # load_model("tiny")
     "agentrl.trainers.device": "tests/trainers/test_gae_wiring.py",
     "agentrl.trainers.episodes": "tests/trainers/test_gae_wiring.py",
     "agentrl.trainers.reference": "tests/trainers/test_reference.py",
+    "agentrl.verl.episode_task": "tests/verl/test_data.py",  # EpisodeTask via agent_loop
     "agentrl.verl.logits_processor": "tests/verl/test_constrained_decoding.py",
+    "agentrl.verl.server_llm": "tests/verl/test_agent_loop.py",  # ServerLLM via agent_loop
 }
 """Modules no quick test file imports by name (a command run through ``agentrl.cli.main``, a
 helper of another module) -> the quick test file that runs them."""

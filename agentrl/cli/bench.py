@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import argparse
 import ast
+import importlib.util
 import json
 import platform
 import runpy
 import sys
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import agentrl
@@ -31,6 +33,20 @@ def write_result(out: str | Path, result: Any) -> Path:
     path.write_text(json.dumps(result, indent=2))
     print(f"wrote {path}")
     return path
+
+
+def script_module(path: str | Path) -> ModuleType:
+    """The Python file at ``path`` imported as a module, once a process: how a benchmark loads a
+    part of its own (``scripts/bench/output/``), since scripts/bench is no package and its
+    scripts run by path (``agentrl bench``'s runpy, the tests)."""
+    path = Path(path).resolve()
+    name = "agentrl_bench_" + "_".join(path.with_suffix("").parts[-2:])
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module  # before it runs: dataclasses look their module up
+        spec.loader.exec_module(module)
+    return sys.modules[name]
 
 
 def device_name(device: str) -> str:

@@ -8,6 +8,8 @@
 
 - :mod:`agentrl.config.schema`: the dataclasses (one per section of ``configs/base.yaml``,
   every key documented) and :func:`build_config`, which validates a plain mapping.
+- :mod:`agentrl.config.verl_rules`: what the verl backend refuses (the rules that hold with
+  ``backend=verl`` only).
 - :mod:`agentrl.config.compose`: :func:`compose_config`, hydra's composition of
   ``base.yaml`` with ``agents.yaml``, a hardware preset and a model preset.
 """

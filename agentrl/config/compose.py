@@ -102,6 +102,8 @@ def _model_path(override: str, folder: Path) -> str:
     path = Path(value).expanduser()
     if not path.exists() and "/" not in value and not value.startswith((".", "~")):
         return override  # a mistyped preset: hydra's message lists the presets
+    # config's floor is above trainers' (tests/test_layers.py): model_folder stays with the
+    # checkpoint layout it reads (markers, the newest intact checkpoint) in trainers.checkpoint.
     from agentrl.trainers.checkpoint import model_folder
 
     try:

@@ -16,7 +16,8 @@ the key and what is allowed, before a model is loaded or a minute of rollouts is
 section checks its own fields in ``__post_init__`` (types from the annotations, ranges from
 :func:`setting`), so ``dataclasses.replace`` cannot build an invalid config either;
 :class:`TrainConfig` then checks the rules that span sections (presets exist, GRPO needs groups
-of two or more, mini-batches divide the batch, ...).
+of two or more, mini-batches divide the batch, ...), and with ``backend=verl`` what verl cannot
+run (:mod:`agentrl.config.verl_rules`).
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type
 
 from agentrl.agents.config import DEFAULT_PATH as DEFAULT_AGENTS_FILE
 from agentrl.agents.config import AgentConfig, agent_presets_from_dict, check_env_kwargs
+from agentrl.config.verl_rules import check_verl, divisors
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
@@ -579,7 +581,7 @@ class TrainConfig(Section):
         self._check_sft()
         self._check_token_budget()
         if self.backend == "verl":
-            self._check_verl()
+            check_verl(self)
         elif self.model.dtype == "float16":
             raise ValueError("model.dtype='float16' is not allowed with backend='local' (float16 "
                              "training needs loss scaling, which the local trainer does not do); "
@@ -648,7 +650,7 @@ class TrainConfig(Section):
             raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "
                              f"{batch} trajectories (ceil(rollout.filter_ratio * "
                              f"train.group_num) * train.group_size); allowed: null or one of "
-                             f"{_divisors(batch)}")
+                             f"{divisors(batch)}")
         if mini is not None and self.actor.micro_batch_size > mini:
             raise ValueError(f"actor.micro_batch_size={self.actor.micro_batch_size} is not "
                              f"allowed: it exceeds actor.ppo_mini_batch_size={mini}; allowed: "
@@ -671,81 +673,6 @@ class TrainConfig(Section):
                 raise ValueError(f"{key}={tokens} is not allowed: a reply must fit in "
                                  f"rollout.max_context_tokens={budget} with its prompt; "
                                  f"allowed: an integer in [1, {budget - 1}]")
-
-    def _check_verl(self) -> None:
-        """What verl cannot run, or would reject later (after Ray and the models start)."""
-        _check_verl_model(self.model.name)
-        if self.rollout.constrained_actions and self.verl.trainer != "legacy":
-            raise ValueError(  # agentrl.verl.constrained: the masks ride in non_tensor_batch
-                f"verl.trainer={self.verl.trainer!r} is not allowed with "
-                "rollout.constrained_actions=true: the token masks are carried and checked on "
-                "the legacy trainer's path only; allowed: 'legacy'")
-        unsupported = {  # local-engine features that verl's trainer has no counterpart for
-            "rollout.filter_ratio": (self.rollout.filter_ratio, 1.0),
-            "rollout.norm_method": (self.rollout.norm_method, "identity"),
-            "rollout.drop_uniform_groups": (self.rollout.drop_uniform_groups, False),
-            "algorithm.step_advantage_weight": (self.algorithm.step_advantage_weight, 0.0),
-            "algorithm.distance_shaping": (self.algorithm.distance_shaping, 0.0),
-            "critic.share_backbone": (self.critic.share_backbone, False),
-            "lora.dropout": (self.lora.dropout if self.lora.rank else 0.0, 0.0),
-            "train.sft_steps": (self.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`
-        }
-        for key, (value, allowed) in unsupported.items():
-            if value != allowed:
-                raise ValueError(f"{key}={value!r} is not allowed with backend='verl' (the local "
-                                 f"engine only); allowed: {allowed!r}")
-        if self.algorithm.gamma_unit == "turn" and self.algorithm.lam != 1.0:
-            raise ValueError(f"algorithm.lam={self.algorithm.lam} is not allowed with "
-                             "algorithm.gamma_unit='turn' on backend='verl': verl's GAE discounts "
-                             "per token, so the turn discount is carried by reshaped turn rewards, "
-                             "exact only with lam 1; allowed: 1.0")
-        windowed = sorted(name for name in dict.fromkeys(self.train.presets + self.val.presets)
-                          if self.agents[name].history_window > 0)
-        if windowed:
-            raise ValueError(f"agents.{windowed[0]}.history_window="
-                             f"{self.agents[windowed[0]].history_window} is not allowed with "
-                             "backend='verl': a reply must be trained on the context it was "
-                             "sampled from, which takes one training row per context window, "
-                             "and verl's legacy trainer takes one row per episode (its V1 "
-                             "trainer's rows would each run GAE alone, cutting the episode's "
-                             "credit at every window); allowed: 0 (all turns; on verl the "
-                             "response budget, not a dropped turn, ends a long episode)")
-        v, groups, size = self.verl, self.train.group_num, self.train.group_size
-        if v.n_gpus_per_node % v.tensor_model_parallel_size:
-            raise ValueError(f"verl.tensor_model_parallel_size={v.tensor_model_parallel_size} is "
-                             f"not allowed: it must divide verl.n_gpus_per_node="
-                             f"{v.n_gpus_per_node}; allowed: {_divisors(v.n_gpus_per_node)}")
-        gpus, batch = v.nnodes * v.n_gpus_per_node, groups * size
-        if batch % gpus:
-            raise ValueError(f"train.group_num * train.group_size = {batch} trajectories per step "
-                             f"is not allowed on verl.nnodes * verl.n_gpus_per_node = {gpus} GPUs: "
-                             f"every GPU takes the same share; allowed: a multiple of {gpus}")
-        if v.trainer == "legacy" and batch % v.agent_workers:
-            raise ValueError(f"verl.agent_workers={v.agent_workers} is not allowed: the legacy "
-                             f"trainer (verl.trainer=legacy) splits the {batch} trajectories of a "
-                             f"step evenly among them; allowed: one of {_divisors(batch)}")
-        mini = self.actor.ppo_mini_batch_size or batch
-        if mini % size or mini % gpus:
-            raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed with "
-                             f"backend='verl': verl updates on whole groups (train.group_size="
-                             f"{size}) split evenly over {gpus} GPUs; allowed: null or a "
-                             f"multiple of {math.lcm(size, gpus)} dividing {batch}")
-
-
-LOCAL_ONLY_MODELS = re.compile(r"embedded|tiny(?!-vllm$)(-.+)?")
-"""Names ``agentrl.models.load_model`` builds in-process: verl's workers cannot load them
-(``tiny-vllm`` is written to a folder at launch, for ``hardware=cpu-verl``)."""
-
-
-def _check_verl_model(name: str) -> None:
-    if LOCAL_ONLY_MODELS.fullmatch(name) and not Path(name).exists():
-        raise ValueError(f"model.name={name!r} is not allowed with backend='verl' (verl's workers "
-                         "load the model themselves); allowed: a Hugging Face hub id or a local "
-                         "model folder, e.g. model=qwen_halfb (model=tiny_vllm on a CPU)")
-
-
-def _divisors(number: int) -> list[int]:
-    return [d for d in range(1, number + 1) if number % d == 0]
 
 
 def build_config(data: Mapping[str, Any]) -> TrainConfig:

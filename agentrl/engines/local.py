@@ -20,11 +20,11 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   ``max_new_tokens``; finished rows are dropped from the batch and its cache.
 - Rows in one batch may use different sampling settings (temperature, top-k, top-p, greedy are
   applied per row).
-- **Log-probs** are ``log_softmax(logits / temperature)`` at the sampled token, over the full
-  vocabulary, *before* top-k/top-p truncation. That is what verl's actor recomputes for PPO's
-  ratio (it divides logits by the rollout temperature and never truncates), so old and new
-  log-probs agree. Greedy rows (``greedy=True`` or ``temperature=0``) report
-  ``log_softmax(logits)`` (temperature 1) of the argmax.
+- **Log-probs** (:mod:`agentrl.engines.sampling`) are ``log_softmax(logits / temperature)`` at the
+  sampled token, over the full vocabulary, *before* top-k/top-p truncation. That is what verl's
+  actor recomputes for PPO's ratio (it divides logits by the rollout temperature and never
+  truncates), so old and new log-probs agree. Greedy rows (``greedy=True`` or ``temperature=0``)
+  report ``log_softmax(logits)`` (temperature 1) of the argmax.
 - Sampling draws from one seedable ``torch.Generator``: the same requests batched the same way
   give the same tokens. Which requests share a batch depends on timing, so concurrent sampling
   runs are reproducible only through :meth:`generate_batch` or with ``max_batch=1``.
@@ -38,17 +38,17 @@ Decoding is our own loop over the model with a KV cache (not ``model.generate``)
   sampling; its log-probs are of that masked, renormalized distribution, and its result
   (a :class:`~agentrl.engines.constrained.Generation`) carries each token's mask
   (``token_masks``) so the trainer can recompute the same distribution.
-- **Jump-forward** (``jump_forward=True``, the default): after a constrained row's token, the
-  tokens its grammar then forces (one allowed id: the tags, ``move``, ``to``, the end of turn)
-  are appended at once, with log-prob 0 (probability 1 under their one-id mask, which they
-  carry like any token) and no decode step of their own; the next step feeds the row's chosen
-  token and its forced ones together (rows left-padded to the longest), so a forced run costs
-  one forward pass, not one each. The distribution is that of step-by-step decoding; greedy
-  decoding gives the same tokens, log-probs and masks (tests compare them), while sampling
-  with the same seed draws differently (a forced token draws no random number); ``GenerationStats.decode_steps`` counts the forward passes and
-  ``jumped_tokens`` the tokens that had none. A row asking for features never jumps its last
-  token (its feature needs the pass over the tokens before it); a row that ends in a jump
-  stores in the prefix cache the tokens it fed.
+- **Jump-forward** (``jump_forward=True``, the default; :mod:`agentrl.engines.replies`): after a
+  constrained row's token, the tokens its grammar then forces (one allowed id: the tags, ``move``,
+  ``to``, the end of turn) are appended at once, with log-prob 0 (probability 1 under their one-id
+  mask, which they carry like any token) and no decode step of their own; the next step feeds the
+  row's chosen token and its forced ones together (rows left-padded to the longest), so a forced
+  run costs one forward pass, not one each. The distribution is that of step-by-step decoding;
+  greedy decoding gives the same tokens, log-probs and masks (tests compare them), while sampling
+  with the same seed draws differently (a forced token draws no random number);
+  ``GenerationStats.decode_steps`` counts the forward passes and ``jumped_tokens`` the tokens that
+  had none. A row asking for features never jumps its last token (its feature needs the pass over
+  the tokens before it); a row that ends in a jump stores in the prefix cache the tokens it fed.
 - **Masked head** (``masked_head=True``, the default; static-cache path): a constrained row
   whose mask allows a few ids gets only those logits from the LM head, the rest -inf, which is
   what the mask would leave of the full row (the head is a fifth of the embedded model's step).
@@ -81,57 +81,18 @@ import torch
 
 from agentrl.engines import static_cache
 from agentrl.engines.constrained import (
-    Generation, RowConstraint, TokenMask, TokenTexts, apply_masks,
+    Generation,
+    RowConstraint,
+    TokenTexts,
+    apply_masks,
 )
 from agentrl.engines.prefix_cache import PrefixCache
+from agentrl.engines.replies import Replies, allowed_ids, chunk_inputs
+from agentrl.engines.sampling import RowParams, SamplingParams, choose
 from agentrl.models.parts import backbone_of, plain_head
 from agentrl.models.precision import compute_precision
 
 __all__ = ["BatchingLLM", "GenerationStats", "SamplingParams"]
-
-
-@dataclass(frozen=True)
-class SamplingParams:
-    """How one request is decoded."""
-
-    temperature: float = 1.0
-    """Logits are divided by this before sampling and before log-probs; 0 means greedy."""
-    top_p: float = 1.0
-    """Sample from the smallest set of tokens whose probability reaches top_p (1 = off)."""
-    top_k: int = 0
-    """Sample from the k most likely tokens (0 = off)."""
-    max_new_tokens: int = 256
-    """At most this many tokens are generated (a stop token counts)."""
-    greedy: bool = False
-    """Take the argmax; log-probs are then at temperature 1."""
-    stop_token_ids: tuple[int, ...] = ()
-    """Generation ends after any of these; it is the last token of the response."""
-    constrained_actions: bool = False
-    """Asks ``run_episode`` to constrain each reply to the turn's valid actions (it sets
-    ``answer_grammar`` per turn); engines read only ``answer_grammar``."""
-    answer_grammar: Any = None
-    """The replies allowed (an :class:`agentrl.agents.grammar.AnswerGrammar`); None = free.
-    Log-probs are then of the masked, renormalized distribution, and the engine returns each
-    token's mask (:mod:`agentrl.engines.constrained`)."""
-    return_features: bool = False
-    """Also return, per generated token, the model's last hidden state before it
-    (``Generation.features``): what a critic on the actor's backbone reads, so the trainer
-    need not run the backbone again for the rollout's values."""
-
-    def __post_init__(self):
-        object.__setattr__(self, "stop_token_ids", tuple(int(t) for t in self.stop_token_ids))
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if not 0 < self.top_p <= 1:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if self.max_new_tokens < 1:
-            raise ValueError(f"max_new_tokens must be >= 1, got {self.max_new_tokens}")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.greedy or self.temperature == 0
 
 
 @dataclass
@@ -273,7 +234,7 @@ class BatchingLLM:
     # ----------------------------------------------------------------------- async API
 
     async def generate(
-        self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams()
+        self, prompt_ids: Sequence[int], sampling: SamplingParams = SamplingParams()  # noqa: B008
     ) -> tuple[list[int], list[float]]:
         """Response token ids and the log-prob of each, batched with concurrent callers."""
         prompt = [int(t) for t in prompt_ids]
@@ -356,7 +317,7 @@ class BatchingLLM:
     def generate_batch(
         self,
         prompts: Sequence[Sequence[int]],
-        samplings: SamplingParams | Sequence[SamplingParams] = SamplingParams(),
+        samplings: SamplingParams | Sequence[SamplingParams] = SamplingParams(),  # noqa: B008
     ) -> list[Generation]:
         """Decode ``prompts`` together, now, in this thread; one result per prompt.
 
@@ -397,9 +358,9 @@ class BatchingLLM:
         cache, input_ids, attention_mask, position_ids = self._prefill_inputs(list(unique))
         prefill_tokens = int(attention_mask[:, -input_ids.shape[1]:].sum())
 
-        rows = _RowParams.of(samplings, device)
+        rows = RowParams.of(samplings, device)
         stops = [set(s.stop_token_ids) | set(self.eos_token_ids) for s in samplings]
-        replies = _Replies(samplings, stops, self._constraints(samplings, stops),
+        replies = Replies(samplings, stops, self._constraints(samplings, stops),
                            self.jump_forward)
         with_features = any(s.return_features for s in samplings)
         active = list(range(n))  # original row of each batch row still decoding
@@ -424,7 +385,7 @@ class BatchingLLM:
                 mask_start = time.perf_counter()
                 logits = apply_masks(logits, masks)
                 replies.constraint_seconds += time.perf_counter() - mask_start
-            tokens, logprobs = _choose(logits, rows, self.generator)
+            tokens, logprobs = choose(logits, rows, self.generator)
             last = hidden[:, -1].float().cpu() if with_features else None
             keep, chunks = [], []
             for batch_row, (token, logprob) in enumerate(zip(tokens.tolist(), logprobs.tolist())):
@@ -449,11 +410,11 @@ class BatchingLLM:
                 next_positions = next_positions[index]
                 rows = rows.select(index)
                 active = [active[i] for i in keep]
-            inputs, valid, positions, lengths = _chunk_inputs(chunks, next_positions,
+            inputs, valid, positions, lengths = chunk_inputs(chunks, next_positions,
                                                               self.pad_token_id)
             masks = replies.masks(active)
             logits, hidden = decoder.step(inputs, positions, valid,
-                                          _allowed(masks) if self.masked_head else None)
+                                          allowed_ids(masks) if self.masked_head else None)
             steps += 1
             replies.stepped(active, chunks, hidden if with_features else None)
             next_positions = next_positions + lengths
@@ -598,192 +559,6 @@ class _DynamicCacheDecoder:
         real = self.attention_mask[batch_row].nonzero().squeeze(1)
         return ([layer.keys[batch_row][:, real] for layer in self.cache.layers],
                 [layer.values[batch_row][:, real] for layer in self.cache.layers])
-
-
-@dataclass
-class _RowParams:
-    """Per-row sampling settings as tensors, so one batch can mix them."""
-
-    greedy: torch.Tensor  # bool [B]
-    temperature: torch.Tensor  # float [B]; 1 for greedy rows
-    top_k: torch.Tensor  # long [B]; 0 = off
-    top_p: torch.Tensor  # float [B]; 1 = off
-
-    @classmethod
-    def of(cls, samplings: list[SamplingParams], device: torch.device) -> _RowParams:
-        greedy = [s.is_greedy for s in samplings]
-        return cls(
-            greedy=torch.tensor(greedy, device=device),
-            temperature=torch.tensor(
-                [1.0 if g else s.temperature for g, s in zip(greedy, samplings)], device=device
-            ),
-            top_k=torch.tensor([s.top_k for s in samplings], device=device),
-            top_p=torch.tensor([s.top_p for s in samplings], device=device),
-        )
-
-    def select(self, index: torch.Tensor) -> _RowParams:
-        return _RowParams(
-            *(t[index] for t in (self.greedy, self.temperature, self.top_k, self.top_p))
-        )
-
-
-class _Replies:
-    """One batch's replies as they are decoded: per row its tokens, log-probs, masks, features
-    and grammar, and how many of its tokens the decoder's cache holds."""
-
-    def __init__(self, samplings: list[SamplingParams], stops: list[set[int]],
-                 constraints: list[RowConstraint | None], jump_forward: bool):
-        self.ids: list[list[int]] = [[] for _ in samplings]
-        self.logprobs: list[list[float]] = [[] for _ in samplings]
-        self.token_masks = [[] if c is not None else None for c in constraints]
-        self.features = [[] if s.return_features else None for s in samplings]
-        self.limits = [s.max_new_tokens for s in samplings]
-        self.stops, self.constraints, self.jump_forward = stops, constraints, jump_forward
-        self.constrained = any(c is not None for c in constraints)
-        self.cached = [0] * len(samplings)  # reply tokens whose keys and values are cached
-        self.jumped = 0
-        self.constraint_seconds = 0.0
-
-    def masks(self, active: list[int]) -> list[TokenMask | None] | None:
-        """Each active row's mask for its next token (None: no row is constrained)."""
-        if not self.constrained:
-            return None
-        start = time.perf_counter()
-        masks = [None if self.constraints[row] is None else
-                 self.constraints[row].mask(self.limits[row] - len(self.ids[row]))
-                 for row in active]
-        self.constraint_seconds += time.perf_counter() - start
-        return masks
-
-    def add(self, row: int, token: int, logprob: float, mask: TokenMask | None,
-            feature: torch.Tensor | None) -> list[int]:
-        """Append the chosen token and, with jump-forward, the tokens the grammar forces after
-        it (log-prob 0: probability 1 under their one-token mask): the tokens the next decode
-        step feeds for this row."""
-        self._append(row, token, logprob, mask, feature)
-        constraint = self.constraints[row]
-        if constraint is None:
-            return [token]
-        start = time.perf_counter()
-        constraint.advance(token)
-        chunk = [token]
-        while self.jump_forward and not self.done(row):
-            forced = constraint.mask(self.limits[row] - len(self.ids[row]))
-            if not forced.allow or len(forced.ids) != 1:
-                break
-            token = forced.ids[0]
-            if self.features[row] is not None and self._ends(row, token):
-                break  # its feature is the hidden state after the chunk: a step reads it
-            self._append(row, token, 0.0, forced, None)  # feature: after the next step
-            constraint.advance(token)
-            chunk.append(token)
-            self.jumped += 1
-        self.constraint_seconds += time.perf_counter() - start
-        return chunk
-
-    def stepped(self, active: list[int], chunks: list[list[int]],
-                hidden: torch.Tensor | None) -> None:
-        """After a decode step fed ``chunks``: their tokens are cached, and each jumped
-        token's feature is the hidden state ``[rows, width, hidden]`` at the token before it."""
-        width = max(map(len, chunks))
-        for batch_row, (row, chunk) in enumerate(zip(active, chunks)):
-            self.cached[row] += len(chunk)
-            if hidden is not None and len(chunk) > 1 and self.features[row] is not None:
-                states = hidden[batch_row, width - len(chunk):width - 1].float().cpu()
-                self.features[row][1 - len(chunk):] = list(states)
-
-    def done(self, row: int) -> bool:
-        ids = self.ids[row]
-        return bool(ids) and (ids[-1] in self.stops[row] or len(ids) >= self.limits[row])
-
-    def cached_ids(self, row: int) -> list[int]:
-        """The reply tokens the decoder's cache holds for ``row`` (all but those never fed)."""
-        return self.ids[row][:self.cached[row]]
-
-    def results(self) -> list[Generation]:
-        return [Generation(ids, lps, masks, None if feats is None else torch.stack(feats))
-                for ids, lps, masks, feats in zip(self.ids, self.logprobs, self.token_masks,
-                                                  self.features)]
-
-    def _append(self, row: int, token: int, logprob: float, mask: TokenMask | None,
-                feature: torch.Tensor | None) -> None:
-        self.ids[row].append(token)
-        self.logprobs[row].append(logprob)
-        if self.token_masks[row] is not None:
-            self.token_masks[row].append(mask)
-        if self.features[row] is not None:
-            self.features[row].append(feature)
-
-    def _ends(self, row: int, token: int) -> bool:
-        return token in self.stops[row] or len(self.ids[row]) + 1 >= self.limits[row]
-
-
-def _allowed(masks: list[TokenMask | None] | None) -> list[torch.Tensor | None] | None:
-    """Per row, the only ids its next token may be (an allow mask's), else None."""
-    if masks is None:
-        return None
-    return [mask.index if mask is not None and mask.allow else None for mask in masks]
-
-
-def _chunk_inputs(chunks: list[list[int]], positions: torch.Tensor, pad_id: int):
-    """A decode step's inputs: the rows' chunks left-padded to the widest ``[rows, width]``,
-    which of them are real (None when every chunk is one token), their positions (each row's
-    continue from ``positions``) and each chunk's length."""
-    device = positions.device
-    lengths = torch.tensor([len(chunk) for chunk in chunks], device=device)
-    width = max(map(len, chunks))
-    if width == 1:
-        return torch.tensor(chunks, device=device), None, positions[:, None], lengths
-    ids = torch.full((len(chunks), width), pad_id, dtype=torch.long)
-    for batch_row, chunk in enumerate(chunks):
-        ids[batch_row, width - len(chunk):] = torch.tensor(chunk)
-    offsets = torch.arange(width, device=device)[None, :] - (width - lengths)[:, None]
-    return ids.to(device), offsets >= 0, positions[:, None] + offsets.clamp(min=0), lengths
-
-
-def _choose(
-    logits: torch.Tensor, rows: _RowParams, generator: torch.Generator
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """Next token per row and its log-prob (after temperature, before top-k/top-p)."""
-    logprobs = torch.log_softmax(logits / rows.temperature[:, None], dim=-1)
-    tokens = logits.argmax(dim=-1)
-    sampled = ~rows.greedy
-    if sampled.any():
-        index = sampled.nonzero().squeeze(1)
-        sample_lp = _truncate(logprobs[index], rows.top_k[index], rows.top_p[index])
-        tokens = tokens.index_put((index,), _draw(sample_lp.exp(), generator))
-    return tokens, logprobs.gather(1, tokens[:, None]).squeeze(1)
-
-
-def _draw(probs: torch.Tensor, generator: torch.Generator) -> torch.Tensor:
-    """One token per row from ``probs`` ``[rows, vocab]`` (any scale), by inverting its CDF
-    with one uniform number a row: ``torch.multinomial`` draws an exponential number for every
-    token of the 49k vocabulary, ~30 ms a batch-16 step on a CPU core, this ~6 ms. The CDF is
-    summed in float64, so a token's chance is its probability to ~1e-12."""
-    cdf = probs.cumsum(dim=-1, dtype=torch.float64)
-    point = torch.rand(len(probs), 1, generator=generator, dtype=torch.float64,
-                       device=probs.device) * cdf[:, -1:]
-    # the first token whose CDF passes the point: one with probability > 0
-    return torch.searchsorted(cdf, point, right=True).squeeze(1).clamp_(max=probs.shape[1] - 1)
-
-
-def _truncate(logprobs: torch.Tensor, top_k: torch.Tensor, top_p: torch.Tensor) -> torch.Tensor:
-    """Log-probs with tokens outside each row's top-k / top-p set at -inf (not renormalized)."""
-    vocab = logprobs.shape[-1]
-    use_k, use_p = (top_k > 0) & (top_k < vocab), top_p < 1
-    if not (use_k.any() or use_p.any()):
-        return logprobs
-    sorted_lp, order = logprobs.sort(dim=-1, descending=True)
-    rank = torch.arange(vocab, device=logprobs.device)
-    k = torch.where(use_k, top_k, vocab)
-    sorted_lp = sorted_lp.masked_fill(rank[None, :] >= k[:, None], float("-inf"))
-    if use_p.any():  # on the top-k-renormalized distribution, as vLLM and transformers do
-        probs = torch.softmax(sorted_lp, dim=-1)
-        before = probs.cumsum(dim=-1) - probs  # mass ranked above each token; keeps >= 1 token
-        sorted_lp = sorted_lp.masked_fill(
-            use_p[:, None] & (before >= top_p[:, None]), float("-inf")
-        )
-    return torch.empty_like(logprobs).scatter_(-1, order, sorted_lp)
 
 
 def _left_padded(parts: list[torch.Tensor | None], width: int) -> torch.Tensor:

@@ -1,10 +1,13 @@
 """The verl backend: PPO with a critic on verl's FSDP workers and vLLM servers, through Ray.
 
 - :mod:`agentrl.verl.agent_loop`: the AgentLoop (registered as ``agentrl_game``) that plays one
-  episode with :func:`agentrl.rollout.run_episode`, verl's server manager as its ``llm``.
+  episode with :func:`agentrl.rollout.run_episode`, verl's server manager as its ``llm``
+  (:mod:`~agentrl.verl.server_llm`); :mod:`~agentrl.verl.episode_task` reads a row's task and
+  counts its response budget.
 - :mod:`agentrl.verl.data`: the task files, one parquet row per game (preset, seed, split).
 - :mod:`agentrl.verl.launch`: our config -> verl's ``ppo_trainer`` config, ``--dry-run``,
-  and verl's own ``main_ppo``.
+  and verl's own ``main_ppo``; :mod:`~agentrl.verl.overrides` maps our keys onto verl's
+  overrides and the environment of its processes.
 - :mod:`agentrl.verl.preflight`: before Ray starts, verl's dispatch divisions and the per-GPU
   memory estimate; adapts micro-batches and offload, refuses the rest.
 - :mod:`agentrl.verl.cpu_platform`: a ``cpu`` platform for verl's ``PlatformRegistry`` and its

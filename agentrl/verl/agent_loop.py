@@ -74,15 +74,13 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import json
 import threading
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
-import numpy as np
 import ray
 import torch
 from verl.experimental.agent_loop.agent_loop import (
@@ -93,30 +91,28 @@ from verl.experimental.agent_loop.agent_loop import (
     AgentLoopWorker,
     register,
 )
-from verl.experimental.agent_loop.tool_agent_loop import SPEC_DECODE_EXTRA_KEYS
 from verl.protocol import DataProto
 from verl.utils.ray_utils import auto_await
 
-from agentrl.agents import (
-    Agent,
-    AgentConfig,
-    AgentWrapper,
-    TurnResult,
-    agent_presets_from_dict,
-)
-from agentrl.engines import Generation, SamplingParams
+from agentrl.agents import Agent
+from agentrl.engines import SamplingParams
 from agentrl.engines.constrained import TokenTexts
 from agentrl.models.templates import end_of_turn_ids
-from agentrl.rollout import REWARD_PLACEMENTS, ChatSuffix, Trajectory, run_episode
+from agentrl.rollout import ChatSuffix, Trajectory, run_episode
 from agentrl.rollout.batch import kept_turns, token_rewards
 from agentrl.rollout.episode_record import episode_record
 from agentrl.verl import AGENT_NAME
-from agentrl.verl.constrained import (
-    EXTRA_ARGS_KEY, MASKS_FIELD, RowMasks, TurnConstraint, processor_configured, replay_masks,
+from agentrl.verl.constrained import MASKS_FIELD, RowMasks, processor_configured
+from agentrl.verl.episode_task import (
+    BudgetedAgent,
+    EpisodeTask,
+    ResponseBudget,
+    row_index,
 )
 from agentrl.verl.episodes import VerlEpisodeLog
 from agentrl.verl.metrics import EpisodeMetricsLog
 from agentrl.verl.returns import TRUNCATED, patch_compute_advantage
+from agentrl.verl.server_llm import ServerLLM
 
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
@@ -134,8 +130,6 @@ EPISODE_RECORD = "agentrl_episode_record"
 manager removes it from the batch."""
 REWARD_EXTRA_KEYS = ("success", "episode_return", "turns")
 """``extra_fields["reward_extra_info"]``'s keys, the same for every episode (verl stacks them)."""
-TASK_FIELDS = ("preset", "seed", "agent_config", "max_context_tokens", "reward_placement")
-"""What ``extra_info`` must hold (written by :mod:`agentrl.verl.data`)."""
 
 
 def verl_overrides(use_v1: bool) -> list[str]:
@@ -149,94 +143,6 @@ def verl_overrides(use_v1: bool) -> list[str]:
         overrides.append("++actor_rollout_ref.rollout.agent.agent_loop_manager_class="
                          f"{__name__}.{GameAgentLoopManager.__qualname__}")
     return overrides
-
-
-# -- the task of one row ---------------------------------------------------------------------------
-@dataclasses.dataclass(frozen=True)
-class EpisodeTask:
-    """One episode to play, read from a task row's ``extra_info``."""
-
-    preset: str
-    seed: int
-    agent_config: AgentConfig
-    max_context_tokens: int
-    """Prompt + response tokens of the whole episode at most."""
-    reward_placement: str
-    """``"turn"`` or ``"last"`` (see the module docstring)."""
-    turn_gamma: float = 1.0
-    """The discount between turns (``algorithm.gamma_unit: turn``); optional in a row, default 1:
-    the turns' rewards are reshaped so verl's GAE at γ = λ = 1 gives per-turn discounted
-    returns (:func:`agentrl.rollout.batch.discounted_turn_rewards`)."""
-
-    @classmethod
-    def from_extra_info(cls, extra_info: Any) -> EpisodeTask:
-        """Parse and check ``extra_info``; a bad field raises ValueError naming it."""
-        if not isinstance(extra_info, Mapping):
-            raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
-                f"{AGENT_NAME}: the task row's extra_info must be a mapping with "
-                f"{list(TASK_FIELDS)}, got {type(extra_info).__name__}")
-        missing = [key for key in TASK_FIELDS if extra_info.get(key) is None]
-        if missing:
-            raise ValueError(f"{AGENT_NAME}: extra_info lacks {missing}; it needs "
-                             f"{list(TASK_FIELDS)} (see agentrl.verl.data)")
-        preset = str(extra_info["preset"])
-        seed = _integer(extra_info, "seed", low=0)
-        max_context = _integer(extra_info, "max_context_tokens", low=2)
-        if not isinstance(extra_info["agent_config"], str):
-            raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
-                f"{AGENT_NAME}: extra_info.agent_config must be the JSON text of the preset's "
-                f"AgentConfig fields, got {type(extra_info['agent_config']).__name__}")
-        placement = extra_info["reward_placement"]
-        if placement not in REWARD_PLACEMENTS:
-            raise ValueError(f"{AGENT_NAME}: extra_info.reward_placement={placement!r} is not "
-                             f"allowed; allowed: {list(REWARD_PLACEMENTS)}")
-        config = _agent_config(preset, extra_info["agent_config"])
-        if config.history_window > 0:
-            raise ValueError(f"{AGENT_NAME}: preset {preset!r} has history_window="
-                             f"{config.history_window}; not allowed on verl (a reply must be "
-                             "trained on the context it was sampled from, and verl trains one "
-                             "row per episode); allowed: 0")
-        turn_gamma = extra_info.get("turn_gamma", 1.0)
-        number = isinstance(turn_gamma, (int, float, np.floating)) and not isinstance(turn_gamma, bool)
-        if not number or not 0.0 <= turn_gamma <= 1.0:
-            raise ValueError(f"{AGENT_NAME}: extra_info.turn_gamma={turn_gamma!r} is not "
-                             "allowed; allowed: a number in [0, 1]")
-        return cls(preset, seed, config, max_context, str(placement), float(turn_gamma))
-
-
-def row_index(extra_info: Any) -> int | None:
-    """The task row's ``extra_info.index`` (verl's dataset numbers rows by it), if it has one."""
-    index = extra_info.get("index") if isinstance(extra_info, Mapping) else None
-    is_integer = isinstance(index, (int, np.integer)) and not isinstance(index, (bool, np.bool_))
-    return int(index) if is_integer else None
-
-
-def _integer(extra_info: Mapping, key: str, low: int) -> int:
-    value = extra_info[key]
-    is_integer = isinstance(value, (int, np.integer)) and not isinstance(value, (bool, np.bool_))
-    if not is_integer or value < low:
-        raise ValueError(f"{AGENT_NAME}: extra_info.{key}={value!r} is not allowed; allowed: "
-                         f"an integer >= {low}")
-    return int(value)
-
-
-@lru_cache(maxsize=256)
-def _agent_config(preset: str, agent_config: str) -> AgentConfig:
-    """The preset's AgentConfig from its JSON (``dataclasses.asdict``); cached per text.
-    ``held_out_of`` is dropped: it names another preset, which a row does not carry, and it
-    does not change how an episode is played."""
-    try:
-        fields = json.loads(agent_config)
-    except (TypeError, json.JSONDecodeError) as error:
-        raise ValueError(f"{AGENT_NAME}: extra_info.agent_config of preset {preset!r} is not a "
-                         f"JSON object of AgentConfig fields ({error})") from None
-    if not isinstance(fields, dict):
-        raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
-            f"{AGENT_NAME}: extra_info.agent_config of preset {preset!r} must be a JSON object "
-            f"of AgentConfig fields, got {type(fields).__name__}")
-    fields.pop("held_out_of", None)
-    return agent_presets_from_dict({preset: fields}, source=f"{AGENT_NAME} extra_info.agent_config",
-                                   check_envs=False)[preset]
 
 
 # -- opening an episode off the event loop ---------------------------------------------------------
@@ -267,160 +173,6 @@ def open_episode(task: EpisodeTask, suffix: ChatSuffix) -> tuple[Agent, list[dic
     except BaseException:
         agent.close()
         raise
-
-
-# -- the response budget ---------------------------------------------------------------------------
-@dataclasses.dataclass
-class ResponseBudget:
-    """Response tokens an episode may still add: replies, the closing tokens of cut replies
-    and observations all count, as they do in verl's ``response_length``."""
-
-    total: int
-    used: int = 0
-    exhausted: bool = False
-    """The episode was ended because the next turn did not fit."""
-
-    @property
-    def left(self) -> int:
-        return self.total - self.used
-
-
-class BudgetedAgent(AgentWrapper):
-    """An :class:`Agent` as ``run_episode`` plays it inside verl.
-
-    ``reset`` returns the opening made off the event loop (by :func:`open_episode`), once;
-    ``step`` ends the episode when the next observation and one reply token would not fit
-    ``budget``; the rest is the agent's (:class:`AgentWrapper`).
-    """
-
-    def __init__(self, agent: Agent, seed: int, opening: list[dict], budget: ResponseBudget,
-                 suffix: ChatSuffix):
-        super().__init__(agent)
-        self.budget = budget
-        self._seed = seed
-        self._opening: list[dict] | None = opening
-        self._suffix = suffix
-
-    def reset(self, seed: int | None = None) -> list[dict]:
-        if self._opening is None or seed != self._seed:
-            raise RuntimeError(f"BudgetedAgent plays one episode, on seed {self._seed} "
-                               f"(reset(seed={seed!r}) called after it started or on another seed)")
-        opening, self._opening = self._opening, None
-        return opening
-
-    def step(self, response_text: Any) -> TurnResult:
-        result = self.agent.step(response_text)
-        if result.done:
-            return result
-        observation = len(self._suffix(result.messages))
-        if self.budget.used + observation + 1 > self.budget.total:
-            self.budget.exhausted = True
-            return dataclasses.replace(result, done=True, messages=[])
-        self.budget.used += observation
-        return result
-
-
-# -- verl's server manager as run_episode's llm ----------------------------------------------------
-ABORT_RETRIES = 3
-"""Times a reply vLLM answered ``stop_reason="aborted"`` (verl aborts requests around a weight
-update) is asked again; its partial tokens are dropped, never trained on."""
-
-
-class ServerLLM:
-    """``llm.generate(prompt_ids, sampling)`` over verl's server manager, for one episode.
-
-    Every call uses the episode's ``request_id``. The request's sampling parameters are verl's
-    (``sampling_params`` given to the loop's ``run``) plus, from ``sampling``, only
-    ``max_new_tokens`` (cut to what the budget has left) and ``stop_token_ids``. Records what
-    verl's own loops report from the server: its ``extra_fields`` (weights versions) and
-    preemptions.
-
-    A request with an ``answer_grammar`` (constrained actions) also carries its
-    :class:`~agentrl.verl.constrained.TurnConstraint` in ``extra_args``, for vLLM's logits
-    processor, and returns a :class:`~agentrl.engines.Generation` with each token's mask,
-    replayed here from the same constraint (``texts``: the tokenizer's token texts; ``width``:
-    the model's logits per token). ``constraint_violations`` counts replies with a token
-    outside its mask (the processor was not applied to them).
-    """
-
-    def __init__(self, server_manager: Any, sampling_params: Mapping[str, Any],
-                 budget: ResponseBudget, end_of_turn: Sequence[int], *, request_id: str,
-                 priority: int = 0, texts: TokenTexts | None = None, width: int = 0):
-        self.server_manager = server_manager
-        self.sampling_params = dict(sampling_params)
-        self.budget = budget
-        self.end_of_turn = frozenset(int(t) for t in end_of_turn)
-        self.eos_token_ids = tuple(dict.fromkeys(int(t) for t in end_of_turn))
-        """What ends a reply (``run_episode`` reads it): a reply ending on one is not cut."""
-        self.request_id = request_id
-        self.priority = priority
-        self.server_fields: dict[str, Any] = {}
-        self.num_preempted = -1
-        self.texts, self.width = texts, width
-        self.constraint_violations = 0
-
-    async def generate(self, prompt_ids: Sequence[int], sampling: SamplingParams
-                       ) -> tuple[list[int], list[float]]:
-        max_tokens = min(sampling.max_new_tokens, self.budget.left)
-        if max_tokens < 1:
-            raise RuntimeError(f"request {self.request_id}: no response budget left "
-                               f"({self.budget.used}/{self.budget.total} tokens used)")
-        stop = dict.fromkeys([*(self.sampling_params.get("stop_token_ids") or []),
-                              *sampling.stop_token_ids])
-        params = {**self.sampling_params, "max_tokens": max_tokens, "stop_token_ids": list(stop)}
-        constraint = self._constraint(sampling, max_tokens)
-        if constraint is not None:
-            params["extra_args"] = {**(params.get("extra_args") or {}),
-                                    EXTRA_ARGS_KEY: constraint.to_wire()}
-        for _ in range(ABORT_RETRIES + 1):
-            output = await self.server_manager.generate(
-                request_id=self.request_id, prompt_ids=list(prompt_ids), sampling_params=params,
-                priority=self.priority)
-            if output.stop_reason != "aborted":
-                break
-        else:
-            raise RuntimeError(f"request {self.request_id}: vLLM aborted it {ABORT_RETRIES + 1} "
-                               "times in a row")
-        ids = [int(t) for t in output.token_ids]
-        if not ids:
-            raise RuntimeError(f"request {self.request_id}: the server returned no tokens "
-                               f"(stop_reason={output.stop_reason!r})")
-        logprobs = ([float(x) for x in output.log_probs] if output.log_probs is not None
-                    else [0.0] * len(ids))
-        self._record(output)
-        # what run_episode appends: the reply, and a closing token when the reply was cut
-        self.budget.used += len(ids) + (ids[-1] not in self.end_of_turn)
-        if constraint is None:
-            return ids, logprobs
-        masks, violations = await asyncio.to_thread(replay_masks, constraint, self.texts, ids)
-        self.constraint_violations += violations
-        return Generation(ids, logprobs, masks)
-
-    def _constraint(self, sampling: SamplingParams, max_tokens: int) -> TurnConstraint | None:
-        """The request's constraint: its grammar, ended by the chat template's end-of-turn
-        (the first end-of-turn id, as the local engine ends a constrained reply)."""
-        if sampling.answer_grammar is None:
-            return None
-        if self.texts is None or self.width < 1:
-            raise RuntimeError(f"request {self.request_id}: a constrained request needs the "
-                               "tokenizer's texts and the logits' width (ServerLLM texts, width)")
-        return TurnConstraint(sampling.answer_grammar, self.eos_token_ids[:1], self.width,
-                              max_tokens)
-
-    def _record(self, output: Any) -> None:
-        """Keep the first turn's server fields, the newest weights version and summed
-        speculative-decoding counts (as verl's ToolAgentLoop does)."""
-        fields = dict(output.extra_fields or {})
-        if not self.server_fields:
-            self.server_fields = fields
-        else:
-            if fields.get("max_global_steps") is not None:
-                self.server_fields["max_global_steps"] = fields["max_global_steps"]
-            for key in SPEC_DECODE_EXTRA_KEYS:
-                if key in fields and key in self.server_fields:
-                    self.server_fields[key] = int(self.server_fields[key]) + int(fields[key])
-        if output.num_preempted is not None:
-            self.num_preempted = max(self.num_preempted, 0) + int(output.num_preempted)
 
 
 # -- verl's output record --------------------------------------------------------------------------

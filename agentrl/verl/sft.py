@@ -28,7 +28,7 @@ Checkpoints go to ``<sft.output_dir>/verl`` and include a Hugging Face model
 On several nodes add torchrun's rendezvous options (``--rdzv_endpoint``) to the printed command
 on each node. ``hardware=cpu-verl`` runs it on this CPU (one process, gloo, fp32, sdpa:
 :func:`agentrl.verl.cpu_platform.sft_overrides`); the model is loaded from where the PPO launch
-loads it (:func:`agentrl.verl.launch.model_path`: ``model=tiny_vllm`` is written there first).
+loads it (:func:`agentrl.verl.overrides.model_path`: ``model=tiny_vllm`` is written there first).
 
 **Dry run.** The overrides are composed with hydra over verl's config folder and built into
 verl's config dataclasses as its trainer does (``omega_conf_to_dataclass`` of ``engine``,
@@ -46,15 +46,8 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import TrainConfig
-from agentrl.verl.launch import (
-    _chat_template,
-    _write_tiny_model,
-    hydra_value,
-    launch_env,
-    model_path,
-    on_cpu,
-    verl_config_dir,
-)
+from agentrl.verl.launch import _write_tiny_model, verl_config_dir
+from agentrl.verl.overrides import chat_template, hydra_value, launch_env, model_path, on_cpu
 
 __all__ = ["SFT_ENTRY", "SFT_TRAIN_FILE", "SFT_VAL_FILE", "compose_sft_config", "launch_sft",
            "sft_command", "sft_overrides", "sft_paths", "write_sft_data"]
@@ -173,7 +166,7 @@ def sft_overrides(config: TrainConfig, data_paths: tuple[Path, Path]) -> list[st
         "trainer.resume_mode": "disable",
     }
     if model.chat_template is not None:
-        settings["model.custom_chat_template"] = _chat_template(model.chat_template)
+        settings["model.custom_chat_template"] = chat_template(model.chat_template)
     if lora.rank:
         settings.update({"model.lora_rank": lora.rank, "model.lora_alpha": lora.alpha,
                          "model.target_modules": list(lora.target_modules)})

@@ -63,7 +63,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import dataclasses
-import importlib.util
 import os
 import platform
 import random
@@ -74,12 +73,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from rich.console import Console
-from rich.table import Table
 
-import agentrl
 from agentrl.agents import Agent, AgentConfig, load_agent_presets
-from agentrl.cli.bench import write_result
+from agentrl.cli.bench import script_module, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.engines.constrained import TokenTexts
 from agentrl.envs.sokoban import MOVES
@@ -114,6 +110,8 @@ JUMP_PRESET = "tightBlocksworldTurnsAgent"
 TARGET_FEWER_STEPS = 0.40
 TARGET_LESS_TIME = 0.30
 ENGINE_SETTINGS = {"max_batch": 16, "prefix_cache_tokens": 65536}
+OUTPUT = script_module(Path(__file__).parent / "output" / "rollout.py")
+"""The tables (scripts/bench/output/rollout.py)."""
 """The training rollout's engine settings (configs/base.yaml ``rollout``)."""
 JUMP_MODES = {"step_by_step": {"jump_forward": False, "masked_head": False},
               "jump_forward": {"jump_forward": True, "masked_head": False},
@@ -396,55 +394,11 @@ def spread(values: Sequence[float]) -> dict:
             "max": ordered[-1]}
 
 
-def print_table(result: dict) -> None:
-    args = result["args"]
-    table = Table(title=f"agentrl {agentrl.__version__} rollout: {result['ours']['episodes']} "
-                        f"episodes, simulated model {args['base_ms']} ms + "
-                        f"{args['ms_per_token']} ms/token")
-    columns = ("mode", "episodes", "turns", "reply tokens", "wall s", "model s", "start s",
-               "episodes/s", "overhead", "CPU/wall")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "mode" else "right")
-    for mode in ("ours", "barrier"):
-        row = result[mode]
-        table.add_row(mode, str(row["episodes"]), str(row["turns"]), str(row["reply_tokens"]),
-                      f"{row['wall_s']:.2f}", f"{row['model_critical_path_s']:.2f}",
-                      f"{row['startup_s']:.2f}",
-                      f"{row['episodes_per_s']:.1f}", f"{100 * row['overhead_share']:.1f}%",
-                      f"{row['cpu_over_wall']:.2f}")
-    console = Console(width=120)
-    console.print(table)
-    speedup, overhead = result["speedup"], result["ours"]["overhead_share"]
-    ideal = "-" if result["ideal_speedup"] is None else f"{result['ideal_speedup']:.2f}x"
-    print(f"(a) speed-up {speedup:.2f}x (ideal {ideal}; target >= {TARGET_SPEEDUP}x: "
-          f"{_verdict(speedup >= TARGET_SPEEDUP)}); same episodes in both modes: "
-          f"{result['same_episodes']}")
-    print(f"(b) overhead of ours {100 * overhead:.1f}% of wall time (target <= "
-          f"{100 * TARGET_OVERHEAD:.0f}%: {_verdict(overhead <= TARGET_OVERHEAD)})")
-    tokens, turns = result["reply_tokens"], result["episode_turns"]
-    print(f"reply tokens min/p50/p90/max {tokens['min']}/{tokens['p50']}/{tokens['p90']}/"
-          f"{tokens['max']}; turns per episode min/mean/max {turns['min']}/{turns['mean']}/"
-          f"{turns['max']}")
-    if result.get("embedded"):
-        rows = result["embedded"]
-        base = rows[0]["tokens_per_second"]
-        print("(c) embedded model: " + "; ".join(
-            f"batch {r['batch_size']}: {r['tokens_per_second']:.1f} tok/s "
-            f"({r['tokens_per_second'] / base:.2f}x)" for r in rows))
-
-
-def _verdict(met: bool) -> str:
-    return "met" if met else "NOT met"
-
-
 def embedded_rows(args: argparse.Namespace) -> list[dict]:
     """tokens/s of the embedded model per batch size, measured by ``generate.py``'s ``bench``."""
     if args.threads:
         torch.set_num_threads(args.threads)
-    path = Path(__file__).with_name("generate.py")
-    spec = importlib.util.spec_from_file_location("agentrl_bench_generate", path)
-    generate = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(generate)
+    generate = script_module(Path(__file__).with_name("generate.py"))
     model, tokenizer = load_model("embedded")
     llm = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=())
     prompts = generate.make_prompts(tokenizer, args.embedded_prompts)
@@ -526,32 +480,6 @@ def play_episodes(model: Any, tokenizer: Any, pairs: Pairs, seeds: list[int],
     }
 
 
-def print_jump_forward(result: dict) -> None:
-    args = result["args"]
-    table = Table(title=f"agentrl {agentrl.__version__} jump-forward: {args['jf_preset']}, "
-                        f"{args['jf_model']} model, constrained, temperature "
-                        f"{args['temperature']}")
-    columns = ("mode", "episodes", "turns", "tokens", "decode steps", "steps/episode",
-               "jumped tokens", "rollout s", "s/episode", "prefill s", "success")
-    for column in columns:
-        table.add_column(column, justify="left" if column == "mode" else "right")
-    for mode in JUMP_MODES:
-        row = result[mode]
-        table.add_row(mode, str(row["episodes"]), str(row["turns"]),
-                      str(row["generated_tokens"]), str(row["decode_steps"]),
-                      f"{row['decode_steps_per_episode']:.1f}", str(row["jumped_tokens"]),
-                      f"{row['rollout_s']:.1f}", f"{row['rollout_s_per_episode']:.2f}",
-                      f"{row['prefill_s']:.1f}", f"{row['success']:.2f}")
-    Console(width=140).print(table)
-    steps, time_ = result["fewer_decode_steps"], result["less_rollout_time"]
-    print(f"decode steps per episode -{100 * steps:.1f}% (target >= "
-          f"{100 * TARGET_FEWER_STEPS:.0f}%: {_verdict(steps >= TARGET_FEWER_STEPS)}); rollout "
-          f"seconds per episode -{100 * time_:.1f}% (target >= {100 * TARGET_LESS_TIME:.0f}%: "
-          f"{_verdict(time_ >= TARGET_LESS_TIME)}); with the masked head too -"
-          f"{100 * result['less_rollout_time_masked_head']:.1f}%; load average "
-          f"{result['load_average_1m']} on {result['cpus']} CPUs")
-
-
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS),
@@ -615,7 +543,7 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.jump_forward:
         result = jump_forward_result(args)
-        print_jump_forward(result)
+        OUTPUT.print_jump_forward(result, JUMP_MODES)
         write_result(args.out, result)
         return result
     tokenizer = load_tokenizer("tiny")
@@ -643,7 +571,7 @@ def main(argv: list[str] | None = None) -> dict:
         "cpus": os.cpu_count(),
         "load_average_1m": round(os.getloadavg()[0], 2),  # other work on the machine skews wall
     }
-    print_table(result)
+    OUTPUT.print_table(result)
     write_result(args.out, result)
     return result
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.engines.local import _truncate
+from agentrl.engines.sampling import truncate as _truncate
 from agentrl.models import end_of_turn_ids, load_model
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=12)

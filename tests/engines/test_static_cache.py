@@ -13,7 +13,7 @@ from test_local import chat_prompts, teacher_forced_logprobs
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.engines import static_cache
-from agentrl.engines.local import _draw
+from agentrl.engines.sampling import draw as _draw
 from agentrl.models import end_of_turn_ids
 
 GREEDY = SamplingParams(greedy=True, max_new_tokens=12)

@@ -18,7 +18,7 @@ from agentrl.rollout.records import Trajectory
 from agentrl.trainers import ppo
 from agentrl.verl.agent_loop import EpisodeTask
 from agentrl.verl.data import _episode_settings
-from agentrl.verl.launch import _algorithm
+from agentrl.verl.overrides import _algorithm
 
 
 def episode(rng: random.Random, turns: int) -> Trajectory:
