@@ -37,6 +37,9 @@ least one step). Evaluation is not counted.
 Resuming: a finished stage writes ``stage.json`` in its folder and is not run again (with other
 settings the benchmark refuses the folder, naming it); a stopped PPO run resumes from its newest
 checkpoint (``resume=auto``, every ``trainer.save_freq`` steps), with a fresh ``--minutes``.
+``--only-seed S`` (repeatable) runs only those training seeds, so processes sharing one
+``--run-dir`` can split a benchmark by seed; a last run without it reads every stage back and
+writes the whole table.
 Finished runs' checkpoints are deleted at the end unless ``--keep-checkpoints`` (a 135M model
 with its optimizer state is ~1.6 GB a run).
 
@@ -117,6 +120,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="recipes to compare (default: all; the bandit: untrained ppo)")
     parser.add_argument("--seeds", type=int, default=3,
                         help="training seeds per recipe (default 3)")
+    parser.add_argument("--only-seed", type=int, action="append", default=None,
+                        metavar="S", help="run only training seed S of the --seeds (repeatable): "
+                        "one benchmark split over processes sharing --run-dir, each its seeds")
     parser.add_argument("--steps", type=int, default=20, help="PPO steps per run (default 20)")
     parser.add_argument("--sft-episodes", type=int, default=64,
                         help="oracle demonstrations of the SFT stage (default 64)")
@@ -170,6 +176,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if args.minutes is not None and args.minutes <= 0:
         parser.error("--minutes must be > 0")
+    if args.only_seed and not all(0 <= seed < args.seeds for seed in args.only_seed):
+        parser.error(f"--only-seed must be a training seed of --seeds {args.seeds}: "
+                     f"0..{args.seeds - 1}")
     args.run_dir = Path(args.run_dir).resolve()
     return args
 
@@ -473,7 +482,7 @@ def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]
     runs: dict[str, list[dict[str, Any]]] = {}
     for name, lever in rows:
         recipe = RECIPES[name]
-        seeds = range(args.seeds) if recipe.sft or recipe.ppo else range(1)
+        seeds = (args.only_seed or range(args.seeds)) if recipe.sft or recipe.ppo else range(1)
         label = name + (f" @{lever[0]}" if lever else "") + suffix
         runs[label] = [run_recipe(configs, name, seed, befores[configs.decoding(name)], lever)
                        for seed in seeds]

@@ -97,6 +97,10 @@ def test_recipes_and_budgets_are_checked(bench, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--minutes", "0"])
     assert bench.parse_args([]).recipes == list(bench.RECIPES)
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--seeds", "3", "--only-seed", "3"])
+    assert "0..2" in capsys.readouterr().err
+    assert bench.parse_args(["--only-seed", "2", "--only-seed", "1"]).only_seed == [2, 1]
 
 
 @pytest.mark.slow
@@ -104,7 +108,11 @@ def test_val_every_records_a_held_out_curve_per_seed(bench, tmp_path, one_torch_
     args = ["--recipes", "ppo_constrained", "--seeds", "2", "--steps", "2", "--val-every", "1",
             "--val-groups", "2", "--run-dir", str(tmp_path / "runs"),
             "--out", str(tmp_path / "learn.json"), "model=tiny", "threads=1"]
-    result = bench.main(args)
+    only = bench.main([*args, "--only-seed", "1"])  # a benchmark split over processes
+    assert [run["seed"] for run in only["runs"]["ppo_constrained"]] == [1]
+    result = bench.main(args)  # seed 1 is read back, seed 0 runs
+    as_read = json.loads(json.dumps(only["runs"]["ppo_constrained"][0]))  # tuples as lists
+    assert result["runs"]["ppo_constrained"][1] == as_read
     runs = result["runs"]["ppo_constrained"]
     before = result["summary"][0]["before"]
     for run in runs:
