@@ -30,6 +30,7 @@ REACHED_THROUGH = {
     "agentrl.trainers.device": "tests/trainers/test_gae_wiring.py",
     "agentrl.trainers.episodes": "tests/trainers/test_gae_wiring.py",
     "agentrl.trainers.reference": "tests/trainers/test_reference.py",
+    "agentrl.trainers.update_loop": "tests/trainers/test_accumulation.py",
     "agentrl.verl.episode_task": "tests/verl/test_data.py",  # EpisodeTask via agent_loop
     "agentrl.verl.logits_processor": "tests/verl/test_constrained_decoding.py",
     "agentrl.verl.server_llm": "tests/verl/test_agent_loop.py",  # ServerLLM via agent_loop

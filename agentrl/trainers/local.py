@@ -53,7 +53,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import math
 import random
 import time
 from collections import defaultdict
@@ -90,6 +89,7 @@ from agentrl.trainers.reference import Reference
 from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, response_logprobs
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.tracking import RunTracker
+from agentrl.trainers.update_loop import UpdateShape, run_epochs
 from agentrl.trainers.warm_start import WarmStart
 
 __all__ = ["LocalTrainer", "RunResult", "StageTimer"]
@@ -620,65 +620,16 @@ class LocalTrainer:
 
     def _epochs(self, batch, micro_loss, optim, params, grad_clip: float, epochs: int,
                 role: str) -> tuple[dict[str, float], int]:
-        """``epochs`` passes of shuffled mini-batches; returns mean metrics and skipped updates.
-
-        ``micro_loss(micro, size, prefix)`` returns ``(loss, terms, stats)``; ``prefix`` is the
-        shared prefix of the micro-batch's run (:func:`plan_prefix_runs`), whose gradients reach
-        the weights after the run's last micro-batch (:meth:`PrefixRun.backward`). ``terms`` are the
-        micro-batch's parts of its mini-batch's loss terms (summed over the micro-batches, they
-        are the mini-batch's aggregated terms, as accumulation is exact), ``stats`` per-micro-batch
-        statistics (averaged). Terms are averaged over the updated mini-batches.
-        """
-        n = batch["responses"].shape[0]
-        mini = self.config.actor.ppo_mini_batch_size or n
-        micro = self.config.actor.micro_batch_size
-        loss_mask = self._loss_mask(batch, role)
+        """``epochs`` passes of shuffled mini-batches of ``role``'s loss
+        (:func:`agentrl.trainers.update_loop.run_epochs`), cut by the actor's batch sizes and
+        shuffled by the run's seed and step; returns mean metrics and skipped updates."""
+        actor = self.config.actor
+        shape = UpdateShape(epochs=epochs, mini_batch_size=actor.ppo_mini_batch_size,
+                            micro_batch_size=actor.micro_batch_size,
+                            shared_prefix_tokens=actor.shared_prefix_tokens, grad_clip=grad_clip)
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step)
-        sums: dict[str, float] = defaultdict(float)
-        counts: dict[str, int] = defaultdict(int)
-        skipped = 0
-        total = epochs * math.ceil(n / mini)
-        with tqdm(total=total, desc=f"{role} update", unit="mb", leave=False) as bar:
-            for _ in range(epochs):
-                order = torch.randperm(n, generator=generator)
-                for start in range(0, n, mini):
-                    rows = self._micro_order(batch, order[start:start + mini])
-                    size = ppo.MiniBatchSize.of(loss_mask[rows])
-                    optim.zero_grad(set_to_none=True)
-                    finite = True
-                    terms: dict[str, float] = defaultdict(float)
-                    runs = plan_prefix_runs(batch, rows, micro,
-                                            self.config.actor.shared_prefix_tokens)
-                    for run, part in ((run, p) for run in runs for p in run.micro_batches):
-                        loss, micro_terms, stats = micro_loss(micro_rows(batch, part), size,
-                                                              run.prefix(role))
-                        if not torch.isfinite(loss):
-                            finite = False
-                            break
-                        loss.backward()
-                        if part is run.micro_batches[-1]:
-                            run.backward()  # the run's shared prefix: its gradients, once
-                        for key, value in micro_terms.items():
-                            terms[key] += value
-                        for key, value in stats.items():
-                            sums[key] += value
-                            counts[key] += 1
-                    if finite:
-                        norm = torch.nn.utils.clip_grad_norm_(params, grad_clip)
-                        finite = bool(torch.isfinite(norm))
-                        sums[f"{role}/grad_norm"] += float(norm)
-                        counts[f"{role}/grad_norm"] += 1
-                    if finite:
-                        optim.step()
-                        for key, value in terms.items():
-                            sums[key] += value
-                            counts[key] += 1
-                    else:
-                        log.warning("non-finite %s loss or gradient: update skipped", role)
-                        optim.zero_grad(set_to_none=True)
-                        skipped += 1
-                    bar.update(1)
-        return {k: sums[k] / counts[k] for k in sums}, skipped
+        return run_epochs(batch, micro_loss, optim, params, shape,
+                          loss_mask=self._loss_mask(batch, role), generator=generator, role=role)
 
     @staticmethod
     def _loss_mask(batch: dict[str, torch.Tensor], role: str) -> torch.Tensor:

@@ -1,0 +1,109 @@
+"""PPO's generic update loop: epochs of shuffled mini-batches, each one optimizer step over
+gradients accumulated micro-batch by micro-batch.
+
+    metrics, skipped = run_epochs(batch, micro_loss, optimizer, params, UpdateShape(...),
+                                  loss_mask=mask, generator=generator, role="actor")
+
+The loop knows nothing of actors or critics: ``micro_loss(micro, size, prefix)`` is the role's
+loss on one micro-batch. What it owns is the bookkeeping every role shares: the shared prompt
+prefix of a run of micro-batches (:func:`agentrl.trainers.shared_prefix.plan_prefix_runs`),
+whose gradients reach the weights once after the run's last micro-batch; the gradient-norm clip;
+and an update whose loss or gradient is not finite, which is skipped rather than applied.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from collections import defaultdict
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from tqdm.auto import tqdm
+
+from agentrl.trainers import ppo
+from agentrl.trainers.microbatch import micro_rows, prefix_order
+from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
+
+__all__ = ["MicroLoss", "UpdateShape", "run_epochs"]
+
+log = logging.getLogger(__name__)
+
+MicroLoss = Callable[[dict[str, torch.Tensor], ppo.MiniBatchSize, SharedPrefix | None],
+                     tuple[torch.Tensor, dict[str, float], dict[str, float]]]
+"""``(micro, size, prefix) -> (loss, terms, stats)``: ``terms`` are the micro-batch's parts of
+its mini-batch's loss terms (summed over the micro-batches they are the mini-batch's, as
+accumulation is exact), ``stats`` per-micro-batch statistics (averaged)."""
+
+
+@dataclass(frozen=True)
+class UpdateShape:
+    """How a step's batch is cut: passes, rows per optimizer step and per forward pass."""
+
+    epochs: int
+    mini_batch_size: int | None
+    """Rows per optimizer step (None: the whole batch, one step a pass)."""
+    micro_batch_size: int
+    shared_prefix_tokens: int
+    """A micro-batch's shared prompt runs once when at least this long (0: never shared);
+    rows are then ordered by prompt, so that a micro-batch holds a group."""
+    grad_clip: float
+
+
+def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
+               optimizer: torch.optim.Optimizer, params: Any, shape: UpdateShape, *,
+               loss_mask: torch.Tensor, generator: torch.Generator,
+               role: str) -> tuple[dict[str, float], int]:
+    """``shape.epochs`` passes of shuffled mini-batches; returns mean metrics (terms averaged
+    over the applied updates, statistics over the micro-batches, ``<role>/grad_norm``) and the
+    number of updates skipped for a non-finite loss or gradient."""
+    n = batch["responses"].shape[0]
+    mini = shape.mini_batch_size or n
+    sums: dict[str, float] = defaultdict(float)
+    counts: dict[str, int] = defaultdict(int)
+    skipped = 0
+    with tqdm(total=shape.epochs * math.ceil(n / mini), desc=f"{role} update", unit="mb",
+              leave=False) as bar:
+        for _ in range(shape.epochs):
+            order = torch.randperm(n, generator=generator)
+            for start in range(0, n, mini):
+                rows = order[start:start + mini]
+                if shape.shared_prefix_tokens:
+                    rows = prefix_order(batch, rows)
+                size = ppo.MiniBatchSize.of(loss_mask[rows])
+                optimizer.zero_grad(set_to_none=True)
+                finite = True
+                terms: dict[str, float] = defaultdict(float)
+                runs = plan_prefix_runs(batch, rows, shape.micro_batch_size,
+                                        shape.shared_prefix_tokens)
+                for run, part in ((run, p) for run in runs for p in run.micro_batches):
+                    loss, micro_terms, stats = micro_loss(micro_rows(batch, part), size,
+                                                          run.prefix(role))
+                    if not torch.isfinite(loss):
+                        finite = False
+                        break
+                    loss.backward()
+                    if part is run.micro_batches[-1]:
+                        run.backward()  # the run's shared prefix: its gradients, once
+                    for key, value in micro_terms.items():
+                        terms[key] += value
+                    for key, value in stats.items():
+                        sums[key] += value
+                        counts[key] += 1
+                if finite:
+                    norm = torch.nn.utils.clip_grad_norm_(params, shape.grad_clip)
+                    finite = bool(torch.isfinite(norm))
+                    sums[f"{role}/grad_norm"] += float(norm)
+                    counts[f"{role}/grad_norm"] += 1
+                if finite:
+                    optimizer.step()
+                    for key, value in terms.items():
+                        sums[key] += value
+                        counts[key] += 1
+                else:
+                    log.warning("non-finite %s loss or gradient: update skipped", role)
+                    optimizer.zero_grad(set_to_none=True)
+                    skipped += 1
+                bar.update(1)
+    return {k: sums[k] / counts[k] for k in sums}, skipped
