@@ -57,8 +57,8 @@ from agentrl.agents import Agent, AgentConfig
 from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories", "normalize_returns",
-           "run_groups", "step_advantages"]
+__all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories",
+           "normalize_returns", "run_groups", "step_advantages"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")

@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from agentrl.rollout.demonstrations import demonstration_seeds, play_demonstrations
-from agentrl.trainers.microbatch import micro_rows, prefix_order
+from agentrl.trainers.microbatch import micro_order, micro_rows
 from agentrl.trainers.policy import response_logprobs
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 
@@ -106,8 +106,7 @@ def accumulate_gradients(model: Any, batch: dict[str, torch.Tensor], rows: torch
     if tokens == 0:
         return 0.0
     total = 0.0
-    if shared_prefix_tokens:  # rows that start alike side by side; the sum is the same
-        rows = prefix_order(batch, rows)
+    rows = micro_order(batch, rows, shared_prefix_tokens)  # the sum is the same in any order
     for run in plan_prefix_runs(batch, rows, micro_batch_size, shared_prefix_tokens):
         for part in run.micro_batches:
             micro = micro_rows(batch, part)

@@ -83,7 +83,7 @@ from agentrl.trainers.episode_log import EpisodeLog
 from agentrl.trainers.guards import (
     all_finite, collapse_metrics, logprob_gap, warn_if_entropy_collapsed,
 )
-from agentrl.trainers.microbatch import micro_rows, pad_responses, prefix_order
+from agentrl.trainers.microbatch import micro_order, micro_rows, pad_responses
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.reference import Reference
 from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, response_logprobs
@@ -427,7 +427,7 @@ class LocalTrainer:
                     self.critic.values_from(features[start:start + size].to(self.device)).cpu()
                     for start in range(0, n, size)])
                 scored["critic_features"] = features
-        order = self._micro_order(batch, torch.arange(n))
+        order = micro_order(batch, torch.arange(n), self.config.actor.shared_prefix_tokens)
         for run in plan_prefix_runs(batch, order, size, share):
             for rows in run.micro_batches:
                 micro = micro_rows(batch, rows)
@@ -458,11 +458,6 @@ class LocalTrainer:
             run.backward()  # frees the run's prefixes (no graph here)
         back = torch.argsort(order)  # batch order again
         return {**scored, **{k: torch.cat(v)[back].cpu() for k, v in parts.items()}}
-
-    def _micro_order(self, batch: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Tensor:
-        """``rows`` in the order micro-batches are cut from: by prompt when the shared prefix is
-        on, so that a micro-batch holds a group (:func:`prefix_order`)."""
-        return prefix_order(batch, rows) if self.config.actor.shared_prefix_tokens else rows
 
     def _first_pass_is_old(self, n: int, rollout_features: bool = False) -> bool:
         """Whether the actor's update is one pass over one mini-batch of the ``n`` trajectories.

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import torch
 
-__all__ = ["micro_rows", "pad_responses", "prefix_order"]
+__all__ = ["micro_order", "micro_rows", "pad_responses", "prefix_order"]
 
 
 def micro_rows(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -53,3 +53,10 @@ def prefix_order(batch: dict[str, torch.Tensor], rows: torch.Tensor) -> torch.Te
     keys = [prompts[row][real[row]].tolist() for row in listed]
     order = sorted(range(len(listed)), key=keys.__getitem__)
     return rows[torch.tensor(order, dtype=torch.long)]
+
+
+def micro_order(batch: dict[str, torch.Tensor], rows: torch.Tensor,
+                shared_prefix_tokens: int) -> torch.Tensor:
+    """``rows`` in the order micro-batches are cut from: :func:`prefix_order` when a shared
+    prompt prefix is run once (``shared_prefix_tokens > 0``), else as given."""
+    return prefix_order(batch, rows) if shared_prefix_tokens else rows

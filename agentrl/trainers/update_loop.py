@@ -23,7 +23,7 @@ import torch
 from tqdm.auto import tqdm
 
 from agentrl.trainers import ppo
-from agentrl.trainers.microbatch import micro_rows, prefix_order
+from agentrl.trainers.microbatch import micro_order, micro_rows
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 
 __all__ = ["MicroLoss", "UpdateShape", "run_epochs"]
@@ -68,9 +68,7 @@ def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
         for _ in range(shape.epochs):
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, mini):
-                rows = order[start:start + mini]
-                if shape.shared_prefix_tokens:
-                    rows = prefix_order(batch, rows)
+                rows = micro_order(batch, order[start:start + mini], shape.shared_prefix_tokens)
                 size = ppo.MiniBatchSize.of(loss_mask[rows])
                 optimizer.zero_grad(set_to_none=True)
                 finite = True
