@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
+from verl_runs import SFT_LR, cpu_sft_config, sft_model_folder
 
 
 @pytest.fixture(scope="session")
@@ -17,3 +20,17 @@ def model_dir(tmp_path_factory):
     model.config.save_pretrained(path)
     tokenizer.save_pretrained(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def verl_sft_folder(tmp_path_factory):
+    """verl's SFT trainer run once on this CPU (torchrun, one step at ``SFT_LR`` on 8 bandit
+    demonstrations from ``model=tiny_vllm``): the Hugging Face folder of its checkpoint.
+    ``test_verl_sft.py`` checks it; ``test_cpu_trainer.py``'s PPO run starts from it."""
+    from agentrl.verl import sft as verl_sft
+
+    run_dir = tmp_path_factory.mktemp("verl-sft") / "run"
+    started = time.monotonic()
+    assert verl_sft.launch_sft(cpu_sft_config(run_dir, f"sft.lr={SFT_LR}")) == 0
+    print(f"verl's SFT run: {time.monotonic() - started:.0f} s")
+    return sft_model_folder(run_dir)

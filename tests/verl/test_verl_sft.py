@@ -4,11 +4,13 @@ SFT launch's dry run checked by verl's config classes."""
 from __future__ import annotations
 
 import subprocess
+from pathlib import Path
 
 import pandas as pd
 import pytest
 import yaml
 from omegaconf import OmegaConf
+from verl_runs import cpu_sft_config, weight_distance
 
 from agentrl import cli
 from agentrl.config import compose_config
@@ -83,14 +85,6 @@ def test_launch_writes_the_data_then_runs_torchrun(tmp_path, model_dir, monkeypa
     assert calls and calls[0][1:3] == ["-m", "torch.distributed.run"]
 
 
-def cpu_sft_config(run_dir, *extra: str):
-    return compose_config(["backend=verl", "hardware=cpu-verl", "model=tiny_vllm",
-                           f"run_dir={run_dir}", "sft.presets=[banditAgent]", "sft.episodes=8",
-                           "sft.mini_batch_size=8", "sft.micro_batch_size=8", "sft.epochs=1",
-                           "val.presets=[banditAgent]", "val.group_num=8",
-                           "trainer.logger=[console]", "trainer.wandb_mode=disabled", *extra])
-
-
 def test_cpu_verl_sft_runs_on_the_cpu_platform(tmp_path):
     """hardware=cpu-verl: verl's SFT trainer on this CPU, on the model the PPO launch loads."""
     from agentrl.verl.launch import model_path
@@ -104,15 +98,23 @@ def test_cpu_verl_sft_runs_on_the_cpu_platform(tmp_path):
 
 
 @pytest.mark.slow
-def test_verls_sft_trainer_runs_on_cpu_and_saves_a_model_ppo_starts_from(tmp_path):
-    """torchrun + verl's own SFT trainer, one step on this CPU (gloo, fp32, sdpa): a
-    Hugging Face model folder in its checkpoint, which ``agentrl train model.name=`` loads."""
-    run_dir = tmp_path / "run"
-    config = cpu_sft_config(run_dir)
-    assert verl_sft.launch_sft(config) == 0
-    folder = run_dir / "sft" / "verl" / "global_step_1" / "huggingface"
-    assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
-    ppo = compose_config(["hardware=cpu-verl", f"model.name={folder}", f"run_dir={tmp_path}/ppo"])
+def test_verls_sft_trainer_runs_on_cpu_and_saves_a_model_ppo_starts_from(verl_sft_folder, tmp_path):
+    """torchrun + verl's own SFT trainer, one step on this CPU (gloo, fp32, sdpa; conftest's
+    ``verl_sft_folder``): a Hugging Face model folder in its checkpoint with what a PPO run
+    loads besides the weights (the tokenizer and its chat template, the generation config's
+    end-of-sequence ids), which ``agentrl train model.name=`` resolves to.
+    ``test_cpu_trainer.py`` runs verl's PPO from it."""
+    from transformers import AutoTokenizer, GenerationConfig
+
     from agentrl.verl.launch import model_path
 
+    folder, base = verl_sft_folder, Path(model_path(cpu_sft_config(tmp_path)))
+    assert (folder / "config.json").exists() and (folder / "model.safetensors").exists()
+    assert weight_distance(folder, base) > 0.5    # the step learned (lr 1e-3): not the base's
+    tokenizer, base_tokenizer = (AutoTokenizer.from_pretrained(path) for path in (folder, base))
+    assert tokenizer.chat_template and tokenizer.chat_template == base_tokenizer.chat_template
+    assert tokenizer.get_vocab() == base_tokenizer.get_vocab()
+    ends = GenerationConfig.from_pretrained(folder).eos_token_id
+    assert ends == GenerationConfig.from_pretrained(base).eos_token_id is not None
+    ppo = compose_config(["hardware=cpu-verl", f"model.name={folder}", f"run_dir={tmp_path}/ppo"])
     assert model_path(ppo) == str(folder.resolve())
