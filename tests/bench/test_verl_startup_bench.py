@@ -1,0 +1,51 @@
+"""scripts/bench/verl_startup.py without verl (a stand-in child prints the markers): the lines
+are dated as they come, each phase by its first marker, verl's step metrics parsed; and every
+variant's overrides pass verl's own config checks (a dry run), so a typo fails here, not after
+minutes of start-up."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+from agentrl import cli
+
+
+def test_the_fake_run_dates_each_phase_and_reads_verls_step_metrics(load_script, tmp_path,
+                                                                    capsys):
+    bench = load_script("scripts/bench/verl_startup.py")
+    out = tmp_path / "startup.json"
+    assert bench.main(["--fake", "--variants", "current", "--out", str(out)]) == 0
+    result = json.loads(out.read_text())["variants"]["current"]
+    phases = result["phases"]
+    assert list(phases) == ["agentrl", "verl", "ray", "task runner", "workers", "models",
+                            "vllm server", "agent loop", "step 1", "step 2", "end"]
+    assert list(phases.values()) == sorted(phases.values()) and phases["end"] > 0.3
+    assert result["steps"] == {"1": {"timing_s/gen": 0.5, "timing_s/step": 0.75},
+                               "2": {"timing_s/gen": 0.25, "timing_s/step": 0.5}}
+    printed = capsys.readouterr().out
+    assert "current began / lasted" in printed and "step 2 timing_s/gen" in printed
+
+
+def test_a_phase_is_dated_by_its_first_marker_and_unseen_phases_are_left_out(load_script):
+    bench = load_script("scripts/bench/verl_startup.py")
+    lines = [(1.0, "starting verl: x"), (2.0, "(WorkerDict pid=7) a"),
+             (3.0, "(WorkerDict pid=7) b"), (9.5, "(TaskRunner pid=1) step:1 - actor/entropy:"
+                                                  "np.float64(0.5) - timing_s/step:2.5")]
+    assert bench.phase_starts(lines) == {"agentrl": 0.0, "verl": 1.0, "workers": 2.0,
+                                         "task runner": 9.5, "step 1": 9.5}
+    assert bench.step_metrics(lines) == {1: {"actor/entropy": 0.5, "timing_s/step": 2.5}}
+
+
+@pytest.mark.slow  # verl's config composed and checked once per variant (~5 s each)
+def test_every_variant_passes_verls_config_checks(load_script, tmp_path, capsys):
+    bench = load_script("scripts/bench/verl_startup.py")
+    for name, overrides in bench.VARIANTS.items():
+        command = bench.train_command(sys.executable, tmp_path / name, 2, overrides)
+        assert command[2:4] == ["agentrl.cli", "train"]
+        assert cli.main(["train", "--dry-run", *command[4:]]) == 0, name
+        printed = capsys.readouterr().out
+        for override in overrides:   # each reached verl's command line
+            assert override.split("=")[0].lstrip("+") in printed, (name, override)
