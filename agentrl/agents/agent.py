@@ -13,7 +13,8 @@ An episode, turn by turn:
 2. ``step(reply)``: the reply is parsed (:mod:`agentrl.agents.parsing`).
    - Bad format (by the preset's ``answer_format``): reward = ``Agent.format_penalty`` (the
      preset's number, or with ``auto`` one derived from the game's ``worst_action_reward``:
-     below any well-formed turn), no env step, the turn is used up.
+     below any well-formed turn; with ``format_credit``, raised by the share of the format's
+     tags the reply wrote, still below), no env step, the turn is used up.
    - Good format: at most ``max_actions_per_turn`` actions (the rest are dropped), and no more
      than the actions left of ``max_actions_all_turns``, run in order until the game ends.
      Reward = the sum of the env's rewards for them. Invalid actions are the game's business
@@ -41,7 +42,8 @@ import numpy as np
 
 from agentrl.agents.config import AgentConfig
 from agentrl.agents.grammar import AnswerGrammar
-from agentrl.agents.parsing import ParsedResponse, format_response, parse_response
+from agentrl.agents.parsing import (ParsedResponse, format_progress, format_response,
+                                    parse_response)
 from agentrl.envs import env_id
 
 MAX_ECHO_CHARS = 60
@@ -110,7 +112,8 @@ class Agent:
     Attributes: ``config``, ``spec`` (the game's :class:`GameSpec`), ``env`` (the Gymnasium env:
     ``env.unwrapped.oracle_plan()`` and ``valid_actions()`` for scripted policies), and the
     episode's ``turn``, ``actions_used``, ``done``, ``success``, ``episode_return``;
-    ``format_penalty`` is the reward of a malformed reply (``config.format_penalty`` resolved).
+    ``format_penalty`` is the reward of a malformed reply (``config.format_penalty`` resolved;
+    with ``config.format_credit`` it is the least such a reply earns).
     """
 
     def __init__(self, config: AgentConfig):
@@ -173,8 +176,10 @@ class Agent:
             if terminated or truncated:
                 break
         self.actions_used += len(run)
+        progress = 1.0 if parsed.format_ok else format_progress(
+            response_text, enable_think=config.enable_think, answer_format=config.answer_format)
         if not parsed.format_ok:
-            reward = self.format_penalty
+            reward = config.malformed_reward(progress, self.env.unwrapped.worst_action_reward)
         self.episode_return += reward
         self.done = (terminated or truncated or self.turn >= config.max_turns
                      or self.actions_left == 0)
@@ -188,6 +193,7 @@ class Agent:
             "terminated": bool(terminated),
             "truncated": self.done and not terminated,
             "format_error": parsed.error,
+            "format_progress": progress,
             "actions": run,
             "action_valid": flags,
             "invalid_actions": invalid,

@@ -76,6 +76,11 @@ class AgentConfig:
     (default): :meth:`format_penalty_for` the game, strictly below the worst well-formed turn
     (legal actions, or text the game cannot parse), so breaking the format never pays better
     than writing it."""
+    format_credit: bool = False
+    """Grade a malformed reply by how far it got toward the format (:func:`format_progress`):
+    its reward rises from ``format_penalty`` toward the worst well-formed turn's by that share,
+    never reaching it. So a group whose replies all break the format still differs where one
+    wrote more of the tags, and writing the format still pays best."""
     history_window: int = 0
     """Past turns kept in the prompt: 0 = all, K = the last K (instructions always kept)."""
     max_response_tokens: int = 400
@@ -111,10 +116,24 @@ class AgentConfig:
         """
         if self.format_penalty != AUTO:
             return self.format_penalty
+        return self.worst_turn_reward(worst_action_reward) - FORMAT_MARGIN
+
+    def worst_turn_reward(self, worst_action_reward: float) -> float:
+        """A lower bound on a well-formed turn's reward: ``min(0, worst_action_reward) x k`` (``k``
+        as in :meth:`format_penalty_for`)."""
         actions = max(self.max_actions_per_turn,
                       math.ceil(self.max_actions_all_turns / self.max_turns))
-        worst = min(0.0, worst_action_reward)
-        return worst * actions - FORMAT_MARGIN
+        return min(0.0, worst_action_reward) * actions
+
+    def malformed_reward(self, progress: float, worst_action_reward: float) -> float:
+        """The reward of a malformed reply that got ``progress`` (in [0, 1)) of the way to the
+        format: the penalty, or with ``format_credit`` the penalty plus that share of its gap to
+        the worst well-formed turn (none where an explicit penalty is above that turn)."""
+        penalty = self.format_penalty_for(worst_action_reward)
+        if not self.format_credit:
+            return penalty
+        gap = max(0.0, self.worst_turn_reward(worst_action_reward) - penalty)
+        return penalty + min(max(progress, 0.0), 1.0) * gap
 
 
 def _is_int(value: Any, low: int) -> bool:
@@ -147,6 +166,7 @@ RULES: dict[str, tuple[Any, str]] = {
                          "digits or spaces (e.g. '||', ';', ',')"),
     "format_penalty": (lambda v: v == AUTO or (_is_number(v) and math.isfinite(v) and v <= 0),
                        f"'{AUTO}' or a finite number <= 0"),
+    "format_credit": (lambda v: isinstance(v, bool), "true or false"),
     "history_window": (lambda v: _is_int(v, 0), "an integer >= 0 (0 = all turns)"),
     "max_response_tokens": (lambda v: _is_int(v, 1), "an integer >= 1"),
     "held_out_of": (lambda v: v is None or (isinstance(v, str) and bool(v)),

@@ -124,6 +124,21 @@ def parse_response(text: Any, *, enable_think: bool, separator: str, max_actions
     return _split_answer(answer, think, separator, max_actions, "empty <answer>: no action")
 
 
+def format_progress(text: Any, *, enable_think: bool, answer_format: str = "tagged") -> float:
+    """How far a reply got toward the tagged format, in [0, 1): the share of the format's tags
+    (``<think></think><answer></answer>``, or the answer's two without ``enable_think``) found
+    in order from the first, over one more than their number, so that no malformed reply
+    reaches 1. A plain-format reply has no tags to grade (0). Never raises on the reply."""
+    if _checked_format(answer_format) == "plain":
+        return 0.0
+    wanted = _WELL_FORMED[1] if enable_think else _WELL_FORMED[0]
+    found = 0
+    for match in _TAG.finditer(_as_text(text)[:MAX_PARSE_CHARS]):
+        if found < len(wanted) and match.group(0).lower() == wanted[found]:
+            found += 1
+    return found / (len(wanted) + 1)
+
+
 def _split_answer(answer: str, think: str, separator: str, max_actions: int,
                   empty_error: str) -> ParsedResponse:
     """The answer's actions: split on ``separator``, spacing collapsed, empty pieces skipped."""

@@ -255,3 +255,31 @@ def test_answer_format_is_validated(changes, words):
     with pytest.raises(ValueError) as error:
         plain_bandit(**changes)
     assert all(word in str(error.value) for word in words), str(error.value)
+
+
+def test_format_credit_grades_malformed_replies_below_every_well_formed_turn():
+    """With ``format_credit`` a reply that wrote more of the tags earns more, and the best
+    malformed reply still earns less than the worst well-formed turn; without it both pay the
+    flat penalty."""
+    replies = ["move it", "<answer>move 1 to 0", "<answer></answer>"]
+
+    def rewards(credit: bool) -> list[float]:
+        agent = Agent(config("tightBlocksworldTurnsAgent", format_credit=credit))
+        out = []
+        for reply in replies:
+            agent.reset(seed=3)
+            out.append(agent.step(reply).reward)
+        agent.reset(seed=3)
+        illegal = agent.step("<answer>move 9 to 9</answer>")   # well-formed, the worst kind
+        assert illegal.format_ok and all(r < illegal.reward for r in out)
+        return out
+
+    flat, graded = rewards(False), rewards(True)
+    assert len(set(flat)) == 1
+    assert graded[0] == flat[0] and graded[0] < graded[1] < graded[2]
+
+
+def test_format_credit_gives_no_credit_where_the_penalty_is_above_the_worst_turn():
+    agent = Agent(config("tightBlocksworldTurnsAgent", format_credit=True, format_penalty=-0.5))
+    agent.reset(seed=0)
+    assert agent.step("<answer>").reward == -0.5

@@ -206,3 +206,30 @@ def test_plain_never_raises_and_takes_the_whole_text(text, think, max_actions, s
 def test_plain_round_trip(actions):
     parsed = parse_plain(format_response(actions, separator="||", answer_format="plain"))
     assert parsed.format_ok and parsed.actions == tuple(actions[:5])
+
+
+@pytest.mark.parametrize("reply, think, progress", [
+    ("no tags at all", True, 0.0),
+    ("I would write <think> then stop", True, 1 / 5),
+    ("<think>a</think> and no answer", True, 2 / 5),
+    ("<think>a</think><answer>", True, 3 / 5),
+    ("<think>a</think><answer></answer>", True, 4 / 5),   # all tags, empty answer: still < 1
+    ("<answer>Up", True, 0.0),                            # the think block comes first
+    ("<answer>Up", False, 1 / 3),
+    ("</answer><answer>", False, 1 / 3),                  # order counts
+    ("<ANSWER></answer>", False, 2 / 3),
+])
+def test_format_progress_counts_the_formats_tags_in_order(reply, think, progress):
+    from agentrl.agents.parsing import format_progress
+
+    assert format_progress(reply, enable_think=think) == pytest.approx(progress)
+
+
+@given(st.one_of(st.text(max_size=300), st.none(), st.integers(), st.binary(max_size=50)))
+@settings(max_examples=200, deadline=None)
+def test_format_progress_stays_below_one_on_anything(value):
+    from agentrl.agents.parsing import format_progress
+
+    for think in (True, False):
+        assert 0.0 <= format_progress(value, enable_think=think) < 1.0
+    assert format_progress(value, enable_think=False, answer_format="plain") == 0.0
