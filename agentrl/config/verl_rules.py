@@ -14,9 +14,10 @@ import re
 from pathlib import Path
 from typing import Any
 
-LOCAL_ONLY_MODELS = re.compile(r"embedded|tiny(?!-vllm$)(-.+)?")
+LOCAL_ONLY_MODELS = re.compile(r"tiny(?!-vllm$)(-.+)?")
 """Names ``agentrl.models.load_model`` builds in-process: verl's workers cannot load them
-(``tiny-vllm`` is written to a folder at launch, for ``hardware=cpu-verl``)."""
+(``tiny-vllm`` is written to a folder at launch, for ``hardware=cpu-verl``, and ``embedded`` is
+its converted folder)."""
 
 
 def check_verl(config: Any) -> None:

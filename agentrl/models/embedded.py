@@ -70,10 +70,16 @@ def embedded_gguf_path() -> Path:
     )
 
 
+def embedded_model_folder() -> Path:
+    """The converted HF folder (built on first use): what the local engine loads, and what
+    verl's workers load for ``model.name='embedded'``."""
+    return _cached_folder("embedded", lambda tmp: _convert_embedded(tmp, tokenizer_only=False))
+
+
 def embedded_model() -> tuple[Any, Any]:
     from transformers import AutoModelForCausalLM
 
-    folder = _cached_folder("embedded", lambda tmp: _convert_embedded(tmp, tokenizer_only=False))
+    folder = embedded_model_folder()
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
     return model, _tokenizer_from(folder)
 

@@ -208,7 +208,7 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     (config.run_dir / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
     print(f"writing the task files into {paths[0].parent}", flush=True)
     write_tasks(config, paths[0].parent)
-    _write_tiny_model(config)
+    write_model_folder(config)
     print(f"starting verl: {shlex.join(command[:3])} ... ({len(overrides)} overrides)", flush=True)
     command, env = _same_wandb_run(config, command, env)
     returncode = subprocess.run(command, env=env, check=False,
@@ -248,14 +248,18 @@ def _same_wandb_run(config: TrainConfig, command: list[str], env: Mapping[str, s
     return [*command[:-1], *runtime, command[-1]], {**env, **wandb}
 
 
-def _write_tiny_model(config: TrainConfig) -> None:
-    """A tiny test model named in the config, written where :func:`model_path` points."""
+def write_model_folder(config: TrainConfig) -> None:
+    """A model the package builds (a tiny test model, the embedded one) written where
+    :func:`model_path` points, for verl's workers to load."""
+    from agentrl.models.embedded import embedded_model_folder
     from agentrl.models.loading import TINY_MODELS, save_tiny_model
 
     folder = Path(model_path(config))
     if config.model.name in TINY_MODELS and not (folder / "tokenizer_config.json").exists():
         print(f"writing the {config.model.name} model into {folder}", flush=True)
         save_tiny_model(config.model.name, folder)
+    elif config.model.name == "embedded":
+        embedded_model_folder()   # converted once, then reused: the folder model_path names
 
 
 def without_flash_attn(config: TrainConfig) -> TrainConfig:

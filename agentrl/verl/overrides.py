@@ -71,7 +71,8 @@ def _platform_overrides(config: TrainConfig) -> list[str]:
 
 def model_path(config: TrainConfig) -> str:
     """Where verl's workers load the model: a local folder or checkpoint (absolute: workers have other cwds),
-    the folder ``tiny-vllm`` is written to at launch, or a hub id."""
+    the folder ``tiny-vllm`` is written to at launch, the embedded model's converted folder
+    (made at launch if missing), or a hub id."""
     from agentrl.models.common import cache_root
     from agentrl.models.loading import checkpoint_model_folder
     from agentrl.models.tiny import TINY_MODELS
@@ -82,6 +83,8 @@ def model_path(config: TrainConfig) -> str:
         return str(folder.resolve())
     if name in TINY_MODELS:
         return str(cache_root() / f"{name}-hf")
+    if name == "embedded":
+        return str(cache_root() / "embedded")
     return name
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.config import TrainConfig
-from agentrl.verl.launch import _write_tiny_model, verl_config_dir
+from agentrl.verl.launch import verl_config_dir, write_model_folder
 from agentrl.verl.overrides import chat_template, hydra_value, launch_env, model_path, on_cpu
 
 __all__ = ["SFT_ENTRY", "SFT_TRAIN_FILE", "SFT_VAL_FILE", "compose_sft_config", "launch_sft",
@@ -249,6 +249,6 @@ def launch_sft(config: TrainConfig, dry_run: bool = False) -> int:
         return 0
     print(f"writing the SFT data into {paths[0].parent}", flush=True)
     write_sft_data(config, paths[0].parent)
-    _write_tiny_model(config)
+    write_model_folder(config)
     print(f"starting verl's SFT trainer ({len(overrides)} overrides)", flush=True)
     return subprocess.run(command, env=env, check=False).returncode

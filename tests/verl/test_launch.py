@@ -226,7 +226,7 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
 
 
 @pytest.mark.parametrize("overrides, message", [
-    (["hardware=a100"], r"model.name='embedded' is not allowed with backend='verl'.*qwen_halfb"),
+    (["hardware=a100", "model.name=tiny"], r"model.name='tiny' is not allowed with backend='verl'"),
     ([*GPU, "verl.tensor_model_parallel_size=3"],
      r"tensor_model_parallel_size=3 is not allowed.*allowed: \[1, 2, 4, 8\]"),
     ([*GPU, "verl.n_gpus_per_node=5"], r"128 trajectories per step is not allowed on .* 5 GPUs"),
@@ -250,6 +250,23 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
 def test_verl_section_errors_name_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
         compose_config(overrides)
+
+
+def test_the_embedded_model_goes_to_verl_as_its_converted_folder(tmp_path):
+    """``model.name=embedded`` on verl: the workers load the folder the local engine converted
+    the GGUF into (one Hugging Face architecture, as verl asserts), written at launch."""
+    import json
+
+    from agentrl.models.embedded import embedded_model_folder
+    from agentrl.verl.launch import model_path, write_model_folder
+
+    config = compose_config(["hardware=cpu-verl", "model=embedded", f"run_dir={tmp_path}"])
+    assert config.backend == "verl" and config.model.name == "embedded"
+    write_model_folder(config)
+    folder = Path(model_path(config))
+    assert folder == embedded_model_folder() and folder.is_absolute()
+    assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
+    assert (folder / "model.safetensors").exists() and (folder / "chat_template.jinja").exists()
 
 
 def test_constrained_actions_default_on_locally_off_on_verl():
