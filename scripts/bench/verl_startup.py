@@ -39,20 +39,20 @@ TASK = ["hardware=cpu-verl", "model=tiny_vllm", "trainer.save_freq=1",
         "trainer.wandb_mode=disabled", "verl.max_prompt_length=256",
         "verl.max_response_length=64", "rollout.constrained_actions=true"]
 """tests/verl/test_cpu_trainer.py's run (its model aside: there the SFT model of tiny_vllm)."""
-ENGINE_KWARGS = "+actor_rollout_ref.rollout.engine_kwargs.vllm"
+ENGINE_KWARGS = "++actor_rollout_ref.rollout.engine_kwargs.vllm"
 WORKER_ENV = "++ray_kwargs.ray_init.runtime_env.env_vars"
 VARIANTS: dict[str, list[str]] = {
     "current": [],
-    # vLLM's model runner inside its engine-core process (UniProcExecutor) instead of a process
-    # of its own (vLLM's CPU platform turns "uni" into "mp" unless V1 multiprocessing is off;
-    # AsyncLLM keeps its engine-core process either way)
-    "one_engine_process": [f"{ENGINE_KWARGS}.distributed_executor_backend=uni",
-                           f"{WORKER_ENV}.VLLM_ENABLE_V1_MULTIPROCESSING='0'"],
+    # before agentrl.verl.cpu_platform ran vLLM's model runner inside its engine-core process
+    # (executor "uni"): a worker process of its own (verl's "mp"), which imports vLLM again
+    "worker_process": [f"{ENGINE_KWARGS}.distributed_executor_backend=mp",
+                       f"{WORKER_ENV}.VLLM_ENABLE_V1_MULTIPROCESSING='1'"],
 }
 """Name -> verl overrides on top of the preset's."""
-RESULTS = ("response_length/mean", "critic/score/mean", "actor/entropy", "actor/pg_loss",
-           "critic/vf_loss", "training/rollout_probs_diff_max")
-"""verl's step metrics that show whether two variants ran the same episodes and updates."""
+RESULTS = ("response_length/mean", "critic/score/mean", "actor/entropy",
+           "training/rollout_probs_diff_max")
+"""verl's step metrics that show whether two variants sampled the same episodes (the critic's
+metrics differ between any two runs: verl initializes its value head unseeded)."""
 MARKERS = (
     ("agentrl", r"^"),   # the launcher: config, preflight, task files (its first line)
     ("verl", r"starting verl:"),
@@ -61,8 +61,9 @@ MARKERS = (
     ("workers", r"\(WorkerDict pid="),
     ("models", r"LOAD REPORT|Model config after override"),
     ("vllm server", r"\(vLLMHttpServer pid="),
-    ("vllm engine", r"init engine \(profile, create kv cache, warmup model\) took"),
-    ("agent loop", r"\(AgentLoopWorker pid="),
+    ("vllm engine", r"\(EngineCore pid="),
+    ("training", r"Training from scratch|Resuming from"),
+    ("agent loop", r"AgentLoopWorker pid="),
     ("step 1", r"step:1 - "),
     ("step 2", r"step:2 - "),
     ("end", r"^# end of run"),
@@ -78,7 +79,8 @@ FAKE_CHILD = """
 import sys, time
 for line in ["starting verl: python -m verl.trainer.main_ppo", "Started a local Ray instance.",
              "(TaskRunner pid=1) config", "(WorkerDict pid=2) LOAD REPORT from: x",
-             "(vLLMHttpServer pid=3) ['serve',", "(AgentLoopWorker pid=4) ready",
+             "(vLLMHttpServer pid=3) ['serve',", "(vLLMHttpServer pid=3) (EngineCore pid=5) up",
+             "(TaskRunner pid=1) Training from scratch", "(GameAgentLoopWorker pid=4) ready",
              "(TaskRunner pid=1) step:1 - timing_s/gen:0.5 - timing_s/step:0.75",
              "(TaskRunner pid=1) step:2 - timing_s/gen:np.float64(0.25) - timing_s/step:0.5"]:
     print(line, flush=True)
@@ -109,12 +111,15 @@ def stamped_run(command: list[str], timeout_s: float) -> tuple[list[tuple[float,
                                stderr=subprocess.STDOUT, text=True, errors="replace",
                                start_new_session=True)
     assert process.stdout is not None
-    for line in process.stdout:
-        lines.append((time.monotonic() - started, line.rstrip("\n")))
-        if time.monotonic() - started > timeout_s:
+    try:
+        for line in process.stdout:
+            lines.append((time.monotonic() - started, line.rstrip("\n")))
+            if time.monotonic() - started > timeout_s:
+                break
+    finally:  # a timeout or an interrupt: the run's whole process group ended
+        if process.poll() is None:
             os.killpg(process.pid, 9)
-            break
-    process.wait()
+        process.wait()
     lines.append((time.monotonic() - started, "# end of run"))
     return lines, process.returncode
 
@@ -140,8 +145,10 @@ def step_metrics(lines: list[tuple[float, str]]) -> dict[int, dict[str, float]]:
     return steps
 
 
-def measure(name: str, overrides: list[str], steps: int, fake: bool, timeout_s: float) -> dict:
-    """One run of a variant: its phases, verl's step timings, the load before it."""
+def measure(name: str, overrides: list[str], steps: int, fake: bool, timeout_s: float,
+            logs: Path | None = None) -> dict:
+    """One run of a variant: its phases, verl's step timings, the load before it (and its
+    dated output in ``logs/<name>.log``)."""
     load = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix=f"verl-startup-{name}-") as folder:
         run_dir = Path(folder) / "run"
@@ -154,6 +161,9 @@ def measure(name: str, overrides: list[str], steps: int, fake: bool, timeout_s: 
                 from agentrl.verl.restart import end_leftovers
 
                 end_leftovers(run_dir)
+    if logs is not None:
+        logs.mkdir(parents=True, exist_ok=True)
+        (logs / f"{name}.log").write_text("".join(f"[{t:7.2f}] {line}\n" for t, line in lines))
     result = {"overrides": overrides, "exit": status, "load_before": round(load, 2),
               "phases": phase_starts(lines), "steps": step_metrics(lines)}
     if status != 0:
@@ -197,6 +207,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--timeout", type=float, default=900, help="seconds a run may take")
     parser.add_argument("--fake", action="store_true", help="a stand-in child instead of verl")
     parser.add_argument("--out", type=Path, default=OUTPUT)
+    parser.add_argument("--logs", type=Path, help="folder for each run's dated output")
     return parser.parse_args(argv)
 
 
@@ -205,7 +216,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {}
     for name in args.variants:
         print(f"# {name}: {' '.join(VARIANTS[name]) or 'the preset as it is'}", flush=True)
-        results[name] = measure(name, VARIANTS[name], args.steps, args.fake, args.timeout)
+        results[name] = measure(name, VARIANTS[name], args.steps, args.fake, args.timeout,
+                                args.logs)
     print(table(results))
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({"machine": {"cpus": os.cpu_count()}, "steps": args.steps,

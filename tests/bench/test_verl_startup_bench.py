@@ -21,7 +21,8 @@ def test_the_fake_run_dates_each_phase_and_reads_verls_step_metrics(load_script,
     result = json.loads(out.read_text())["variants"]["current"]
     phases = result["phases"]
     assert list(phases) == ["agentrl", "verl", "ray", "task runner", "workers", "models",
-                            "vllm server", "agent loop", "step 1", "step 2", "end"]
+                            "vllm server", "vllm engine", "training", "agent loop", "step 1",
+                            "step 2", "end"]
     assert list(phases.values()) == sorted(phases.values()) and phases["end"] > 0.3
     assert result["steps"] == {"1": {"timing_s/gen": 0.5, "timing_s/step": 0.75},
                                "2": {"timing_s/gen": 0.25, "timing_s/step": 0.5}}
@@ -31,9 +32,9 @@ def test_the_fake_run_dates_each_phase_and_reads_verls_step_metrics(load_script,
 
 def test_a_phase_is_dated_by_its_first_marker_and_unseen_phases_are_left_out(load_script):
     bench = load_script("scripts/bench/verl_startup.py")
+    step = "(TaskRunner pid=1) step:1 - actor/entropy:np.float64(0.5) - timing_s/step:2.5"
     lines = [(1.0, "starting verl: x"), (2.0, "(WorkerDict pid=7) a"),
-             (3.0, "(WorkerDict pid=7) b"), (9.5, "(TaskRunner pid=1) step:1 - actor/entropy:"
-                                                  "np.float64(0.5) - timing_s/step:2.5")]
+             (3.0, "(WorkerDict pid=7) b"), (9.5, step)]
     assert bench.phase_starts(lines) == {"agentrl": 0.0, "verl": 1.0, "workers": 2.0,
                                          "task runner": 9.5, "step 1": 9.5}
     assert bench.step_metrics(lines) == {1: {"actor/entropy": 0.5, "timing_s/step": 2.5}}

@@ -113,6 +113,11 @@ def test_cpu_verl_runs_verls_trainer_on_the_cpu_platform():
     assert OmegaConf.select(cfg, "actor_rollout_ref.actor.strategy") == "fsdp2"
     assert OmegaConf.select(cfg, "critic.strategy") == "fsdp2"
     assert OmegaConf.select(cfg, "actor_rollout_ref.rollout.enable_sleep_mode") is False
+    # vLLM's model runner in its engine-core process: no worker process importing vLLM again
+    assert OmegaConf.select(
+        cfg, "actor_rollout_ref.rollout.engine_kwargs.vllm.distributed_executor_backend") == "uni"
+    assert env["VLLM_ENABLE_V1_MULTIPROCESSING"] == "0" == OmegaConf.select(
+        cfg, "ray_kwargs.ray_init.runtime_env.env_vars.VLLM_ENABLE_V1_MULTIPROCESSING")
     # the model verl's workers load: the tiny vLLM-compatible model, written at launch
     assert OmegaConf.select(cfg, "actor_rollout_ref.model.path") == launch.model_path(config)
     assert launch.model_path(config).endswith("tiny-vllm-hf")
