@@ -5,6 +5,9 @@ import tempfile
 
 import pytest
 
+# Before any test module loads torch: OpenMP reads its wait policy then (agentrl/__init__.py).
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
 
 def pytest_configure(config):
     # Set at start-up (not in a fixture) so subprocesses started by tests inherit it.

@@ -238,7 +238,8 @@ def _scripted_episode(agent: Agent, preset: str, seed: int, group_index: int, po
                           num_effective=result.num_effective_actions,
                           truncated_by_length=False, text=text, observation=observation,
                           actions=tuple(result.info["actions"]),
-                          action_valid=tuple(result.info["action_valid"])))
+                          action_valid=tuple(result.info["action_valid"]),
+                          format_progress=float(result.info["format_progress"])))
     metrics = turn_counts(turns)  # no tokens: response_length and the context counts read 0
     # No tokens, so no turn end positions: per-turn rewards live in ``turns``.
     return Trajectory(

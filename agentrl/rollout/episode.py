@@ -281,6 +281,7 @@ async def run_episode(
             context_start=window_start, observation=observation, state=state,
             actions=tuple(result.info.get("actions", ())),
             action_valid=tuple(result.info.get("action_valid", ())),
+            format_progress=float(result.info.get("format_progress", float(result.format_ok))),
             token_masks=turn_masks if any(m is not None for m in turn_masks) else None))
         if result.done:
             break

@@ -13,7 +13,9 @@ Per preset (means over that preset's episodes unless said otherwise):
   ``context_truncated`` (rate of episodes that dropped any), ``context_exhausted`` (rate of
   episodes ended because even the newest turn no longer fit).
 - ``action_is_valid`` / ``action_is_effective``: valid / effective actions over all actions run
-  by the preset (0 when none ran); ``format_error``: malformed replies over all replies.
+  by the preset (0 when none ran); ``format_error``: malformed replies over all replies;
+  ``format_progress``: the mean over replies of how far each got toward the format (1 when
+  well-formed; the share of its tags written when not).
 
 Timings: ``timing/generate_s``, ``timing/env_s``, ``timing/tokenize_s`` are the mean seconds one
 episode spent in each. Episodes run concurrently, so these are per-episode latencies, not shares
@@ -62,6 +64,7 @@ def rollout_metrics(trajectories: Sequence[Trajectory | EpisodeOutcome], split: 
             f"{p}/action_is_valid": _ratio(sum(m("num_valid")), actions),
             f"{p}/action_is_effective": _ratio(sum(m("num_effective")), actions),
             f"{p}/format_error": _ratio(sum(m("format_errors")), turns),
+            f"{p}/format_progress": _ratio(sum(m("format_progress")), turns),
             f"{p}/response_length": _mean(m("response_length")),
             f"{p}/truncated_turns": _mean(m("truncated_turns")),
             f"{p}/dropped_turns": _mean(m("dropped_turns")),

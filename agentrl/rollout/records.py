@@ -59,6 +59,9 @@ class Turn:
     """The actions run in the game this turn, in order."""
     action_valid: tuple[bool, ...] = ()
     """One flag per entry of ``actions``: the game accepted it."""
+    format_progress: float = 1.0
+    """How far the reply got toward the answer format (1 when well-formed; the share of the
+    format's tags written, in order, when not: :func:`agentrl.agents.parsing.format_progress`)."""
 
 
 def turn_counts(turns: list[Turn]) -> dict[str, float]:
@@ -69,6 +72,7 @@ def turn_counts(turns: list[Turn]) -> dict[str, float]:
         "num_valid": float(sum(t.num_valid for t in turns)),
         "num_effective": float(sum(t.num_effective for t in turns)),
         "format_errors": float(sum(not t.format_ok for t in turns)),
+        "format_progress": float(sum(t.format_progress for t in turns)),
         "truncated_turns": float(sum(t.truncated_by_length for t in turns)),
     }
 
@@ -98,6 +102,7 @@ class Trajectory:
     turns: list[Turn] = field(default_factory=list)
     metrics: dict[str, float] = field(default_factory=dict)
     """Per-episode counts: ``num_actions``, ``num_valid``, ``num_effective``, ``format_errors``,
+    ``format_progress`` (summed over turns),
     ``truncated_turns``, ``dropped_turns`` (turns left out of the context), ``context_truncated``
     (0/1: any turn was), ``context_exhausted`` (0/1: the episode ended for lack of context),
     ``response_length`` (model tokens)."""

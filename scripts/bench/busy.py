@@ -12,8 +12,8 @@ Each setting ``POLICY:THREADS`` runs in a fresh process (OpenMP reads ``OMP_WAIT
 when torch loads it): ``default`` leaves the variable unset (libgomp's own: spin a while, then
 sleep), ``active`` spins, ``passive`` sleeps at once (what ``import agentrl`` sets unless the
 variable is already set); ``THREADS`` goes to ``torch.set_num_threads``. The process times a
-PPO step in miniature on the model, ``--repeats`` times alone and then as many times while a
-competitor runs: a second process of torch matmuls at its own defaults (``--competitor torch``:
+PPO step in miniature on the model ``--repeats`` times alone, each followed by the same step
+while a competitor runs (paired, so load from elsewhere reaches both sides alike): a second process of torch matmuls at its own defaults (``--competitor torch``:
 two threads, libgomp's waiting, as another torch program would be) or one pure-Python busy loop
 per core (``--competitor python``). The step is a batched greedy decode
 (``--batch`` prompts, ``--new-tokens`` each, through ``BatchingLLM.generate_batch``) plus one
@@ -104,15 +104,18 @@ def measure_worker(args: argparse.Namespace) -> dict:
         return decoded - start, time.perf_counter() - decoded
 
     step()   # warm-up
-    alone = [step() for _ in range(args.repeats)]
-    competitor = start_competitor(args.competitor, os.cpu_count() or 1)
-    try:
-        time.sleep(1.0)   # let it reach its loop
-        busy = [step() for _ in range(args.repeats)]
-    finally:
-        stop(competitor)
+    alone, busy, pids = [], [], []
+    for _ in range(args.repeats):   # paired: whatever else the machine runs, both see it
+        alone.append(step())
+        competitor = start_competitor(args.competitor, os.cpu_count() or 1)
+        pids += [p.pid for p in competitor]
+        try:
+            time.sleep(1.0)   # let it reach its loop
+            busy.append(step())
+        finally:
+            stop(competitor)
     return {"alone": alone, "busy": busy, "omp_wait_policy": policy,
-            "threads": torch.get_num_threads(), "competitor_pids": [p.pid for p in competitor]}
+            "threads": torch.get_num_threads(), "competitor_pids": pids}
 
 
 def summarize(setting: str, times: dict, load: float) -> dict:

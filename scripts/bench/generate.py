@@ -55,6 +55,7 @@ import os
 import tempfile
 import time
 
+import agentrl  # noqa: F401  (first: OpenMP's passive waiting is set before torch loads it)
 import torch
 from rich.console import Console
 from rich.table import Table

@@ -22,6 +22,7 @@ import asyncio
 import statistics
 import time
 
+import agentrl  # noqa: F401  (first: OpenMP's passive waiting is set before torch loads it)
 import torch
 from rich.console import Console
 from rich.table import Table

@@ -72,6 +72,7 @@ from collections.abc import Awaitable, Sequence
 from pathlib import Path
 from typing import Any
 
+import agentrl  # noqa: F401  (first: OpenMP's passive waiting is set before torch loads it)
 import torch
 
 from agentrl.agents import Agent, AgentConfig, load_agent_presets

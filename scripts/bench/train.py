@@ -30,6 +30,7 @@ import platform
 import tempfile
 import time
 
+import agentrl  # noqa: F401  (first: OpenMP's passive waiting is set before torch loads it)
 import torch
 from rich.console import Console
 from rich.table import Table

@@ -95,6 +95,11 @@ def test_length_cut_turn_is_closed_with_masked_end_of_turn(tokenizer):
     assert traj.turn_end_positions[0] == eot_pos - 1  # the reward sits on a model token
     assert traj.metrics["truncated_turns"] == 1
     assert traj.turn_rewards[0] == Agent(SOKOBAN).format_penalty
+    # the cut reply wrote its opening tags only; the closed ones are well-formed
+    assert 0 < first.format_progress < 1 and traj.turns[1].format_ok
+    assert traj.turns[1].format_progress == 1.0
+    assert traj.metrics["format_progress"] == pytest.approx(sum(t.format_progress
+                                                                for t in traj.turns))
     # the observation follows the closing token, as the template writes it after a turn
     assert list(traj.response_ids[eot_pos + 1: eot_pos + 1 + len(traj.turns[1].prompt_ids)]) \
         == list(traj.turns[1].prompt_ids)

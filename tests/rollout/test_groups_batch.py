@@ -126,14 +126,15 @@ def test_token_rewards_cut_to_a_length_drop_the_turns_past_it():
 
 def test_metrics_names_and_values():
     ts = [traj(0, 1.0, num_actions=4, num_valid=3, num_effective=2, format_errors=0,
-               truncated_turns=1, response_length=3, context_truncated=0),
+               format_progress=2.0, truncated_turns=1, response_length=3, context_truncated=0),
           traj(0, 0.0, num_actions=0, num_valid=0, num_effective=0, format_errors=2,
-               truncated_turns=0, response_length=5, context_truncated=1),
+               format_progress=0.5, truncated_turns=0, response_length=5, context_truncated=1),
           traj(1, 1.0, preset="q", num_actions=2, num_valid=2, num_effective=2)]
     m = rollout_metrics(ts, split="val")
     assert m["val/p/success"] == 0.5 and m["val/p/return"] == 0.5 and m["val/p/turns"] == 2
     assert m["val/p/num_actions"] == 2 and m["val/p/action_is_valid"] == 0.75
     assert m["val/p/action_is_effective"] == 0.5 and m["val/p/format_error"] == 0.5
+    assert m["val/p/format_progress"] == (2.0 + 0.5) / 4   # per reply, over the preset's turns
     assert m["val/p/response_length"] == 4 and m["val/p/truncated_turns"] == 0.5
     assert m["val/p/context_truncated"] == 0.5 and m["val/q/action_is_valid"] == 1.0
     assert m["timing/generate_s"] == 1.0 and m["timing/env_s"] == 0.5
