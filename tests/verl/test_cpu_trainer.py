@@ -7,7 +7,7 @@ handoff), and its actor's weights are checked to come from there, not from the b
 
 Needs vLLM's CPU build (``bash env_setup.sh --verl-cpu``, which scripts/test.sh runs): found in
 ``$AGENTRL_VERL_CPU_PYTHON``, the ``.venv-verl-cpu`` it makes, or this interpreter; skipped
-otherwise. One SFT run (about a minute) and two PPO runs of a few minutes each, one after the
+otherwise. One SFT run (under a minute) and two PPO runs of a few minutes each, one after the
 other (~9-11 GiB of memory at once); every process a run starts is ended with it.
 """
 
