@@ -17,6 +17,7 @@ def gone(pid: int) -> bool:
     return False
 
 
+@pytest.mark.slow
 def test_each_setting_runs_with_its_policy_and_ends_its_competitor(load_script, tmp_path):
     bench = load_script("scripts/bench/busy.py")
     out = tmp_path / "busy.json"
