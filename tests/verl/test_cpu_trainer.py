@@ -14,36 +14,25 @@ other (~9-11 GiB of memory at once); every process a run starts is ended with it
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from verl_runs import cpu_sft_config, weight_distance
 
-ROOT = Path(__file__).resolve().parents[2]
+from agentrl.verl import child_run
+from agentrl.verl.child_run import end_session, survivors, verl_cpu_python
+
 RUN_TIMEOUT_S = 900
 ACTOR_CHECKPOINT = "actor_rollout_ref.actor.checkpoint.save_contents"
 SAVED = "model,optimizer,extra,hf_model"
 """What each actor checkpoint holds: verl's defaults and the Hugging Face model, whose weights
 show where the run started from."""
-
-
-def verl_cpu_python() -> str | None:
-    """An interpreter that can import vLLM's CPU build, or None."""
-    named = os.environ.get("AGENTRL_VERL_CPU_PYTHON")
-    if named:
-        return named
-    venv = Path(os.environ.get("AGENTRL_VERL_CPU_VENV", ROOT / ".venv-verl-cpu")) / "bin" / "python"
-    if venv.exists():
-        return str(venv)
-    return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
 def train_command(python: str, run_dir: Path, steps: int, model: Path) -> list[str]:
@@ -62,13 +51,8 @@ def train_command(python: str, run_dir: Path, steps: int, model: Path) -> list[s
 
 
 def start(command: list[str], log: Path) -> subprocess.Popen:
-    """``command`` in a session of its own (Ray's daemons and workers keep it), its output
-    (stdout and stderr) into ``log``."""
-    env = {**os.environ, "WANDB_MODE": "disabled", "OMP_NUM_THREADS": "2",
-           "RAY_DEDUP_LOGS": "0"}
-    with log.open("w") as out:
-        return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                text=True, start_new_session=True)
+    """``command`` in a session of its own, on two threads."""
+    return child_run.start(command, log, env={"OMP_NUM_THREADS": "2"})
 
 
 def kill_after_checkpoint(process: subprocess.Popen, run_dir: Path) -> int:
@@ -86,55 +70,6 @@ def kill_after_checkpoint(process: subprocess.Popen, run_dir: Path) -> int:
             return saved
         time.sleep(0.5)
     raise AssertionError(f"no step after a checkpoint to kill (exit {process.poll()})")
-
-
-def finish(process: subprocess.Popen, log: Path) -> str:
-    """Wait for ``process``; its output."""
-    try:
-        process.wait(timeout=RUN_TIMEOUT_S)
-    finally:  # never leave Ray behind: everything the run started shares its session
-        end_session(process.pid)
-    return log.read_text()
-
-
-def session_pids(session: int) -> list[int]:
-    """The processes of ``session`` (stat field 6: the session id)."""
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == session:
-                pids.append(int(stat.parent.name))
-        except (OSError, ValueError, IndexError):
-            continue
-    return pids
-
-
-def survivors(session: int) -> list[str]:
-    """The command lines of the processes left in ``session``."""
-    found = []
-    for pid in session_pids(session):
-        with contextlib.suppress(OSError):
-            found.append(Path(f"/proc/{pid}/cmdline").read_text().replace("\0", " ")[:160])
-    return found
-
-
-def end_session(session: int) -> None:
-    """Kill every process of ``session`` (Ray's daemons and workers keep the launch's)."""
-    for pid in session_pids(session):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
-
-
-def verl_steps(stdout: str) -> dict[int, dict[str, float]]:
-    """verl's console logger: ``step:N - key:value - ...`` per training step (a value may be
-    printed as numpy's ``np.float64(value)``, as the workers' metrics are)."""
-    steps = {}
-    for line in stdout.splitlines():
-        found = re.search(r"step:(\d+) - (.*)", line)
-        if found:
-            steps[int(found[1])] = {key: float(value) for key, value in re.findall(
-                r"([\w/@.-]+):(?:np\.\w+\()?(-?[\d.]+(?:e[-+]?\d+)?)\)?(?= - |$)", found[2])}
-    return steps
 
 
 def train_records(metrics_file: Path) -> list[dict]:
@@ -166,14 +101,13 @@ def test_verls_trainer_from_its_sft_model_killed_mid_step_resumes_on_cpu(tmp_pat
         left = survivors(first.pid)
         print(f"killed after checkpoint {saved}; left in the session: {left}")
         second = start(command, tmp_path / "second.log")  # resume=auto: verl's resume_mode=auto
-        second_out = finish(second, tmp_path / "second.log")
+        second_out = child_run.finish(second, tmp_path / "second.log", RUN_TIMEOUT_S)
     finally:
         end_session(first.pid)
     first_out = (tmp_path / "first.log").read_text()
-    assert second.returncode == 0, second_out[-8000:]
     resumed = re.findall(r"Resuming from \S*global_step_(\d+)", second_out)
     assert resumed == [str(saved)], second_out[-8000:]   # not from step 0
-    before, after = verl_steps(first_out), verl_steps(second_out)
+    before, after = child_run.console_steps(first_out), child_run.console_steps(second_out)
     assert sorted(before) == list(range(1, saved + 1))
     assert sorted(after) == list(range(saved + 1, 4))
     for step in [*before.values(), *after.values()]:  # vLLM sampled with the weights and the
