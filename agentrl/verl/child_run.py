@@ -20,6 +20,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 __all__ = ["ChildRunError", "console_steps", "end_session", "finish", "session_pids", "start",
@@ -80,11 +81,13 @@ def finish(process: subprocess.Popen, log: Path, timeout_s: float) -> str:
 
 
 def session_pids(session: int) -> list[int]:
-    """The processes of ``session`` (``/proc/<pid>/stat`` field 6: the session id)."""
+    """The live processes of ``session`` (``/proc/<pid>/stat`` field 6: the session id; a
+    zombie, killed and not yet reaped by its new parent, holds nothing and is left out)."""
     pids = []
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
-            if int(stat.read_text().rsplit(")", 1)[1].split()[3]) == session:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+            if int(fields[3]) == session and fields[0] != "Z":
                 pids.append(int(stat.parent.name))
         except (OSError, ValueError, IndexError):
             continue
@@ -100,11 +103,15 @@ def survivors(session: int) -> list[str]:
     return found
 
 
-def end_session(session: int) -> None:
-    """Kill every process of ``session`` (Ray's daemons and workers keep the launch's)."""
-    for pid in session_pids(session):
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+def end_session(session: int, wait_s: float = 10.0) -> None:
+    """Kill every process of ``session`` (Ray's daemons and workers keep the launch's), and
+    wait up to ``wait_s`` for them to be gone (their memory freed before the next run)."""
+    deadline = time.monotonic() + wait_s
+    while (pids := session_pids(session)) and time.monotonic() < deadline:
+        for pid in pids:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+        time.sleep(0.1)
 
 
 def console_steps(output: str, keys: tuple[str, ...] | None = None
