@@ -7,7 +7,7 @@
     python scripts/bench/learn.py --steps 1 --val-groups 2 --seeds 1 model=tiny   # a smoke run
     agentrl bench learn [the same options]
 
-Recipes (``--recipes``, default all; one table of differences, ``RECIPES``):
+Recipes (``--recipes``, default all but ``verl``; one table of differences, ``RECIPES``):
 
 - ``untrained``: the model as it is, evaluated only (greedy play of the same model does not
   depend on a training seed, so it runs once);
@@ -16,7 +16,18 @@ Recipes (``--recipes``, default all; one table of differences, ``RECIPES``):
 - ``ppo_constrained``: the same with constrained action decoding on (the local default);
 - ``sft``: the supervised warm start on oracle play (:class:`agentrl.trainers.sft.SFTTrainer`,
   ``--sft-episodes`` demonstrations x ``--sft-epochs``), constrained decoding on;
-- ``sft_ppo``: PPO from that SFT run's checkpoint (the same run, shared with ``sft``).
+- ``sft_ppo``: PPO from that SFT run's checkpoint (the same run, shared with ``sft``);
+- ``verl`` (asked for by name: it needs vLLM's CPU build, ``bash env_setup.sh --verl-cpu``, and
+  ~10-13 GB): the same warm start and PPO through verl's own trainers on this CPU
+  (``agentrl sft backend=verl`` then ``agentrl train hardware=cpu-verl`` from its model
+  folder, each a child process in a session of its own, ended with everything it started),
+  the same demonstrations, episodes a step, ``--steps`` and constrained decoding, evaluated by
+  the local evaluator from the final actor's Hugging Face folder. verl refuses context
+  windows, so this row trains and plays (its "before" too) with the preset's
+  ``history_window`` 0, labelled ``verl (history_window=0)``; a whole episode is checked to fit
+  verl's ``max_prompt_length``/``max_response_length`` first. Its stage records verl's
+  ``timing_s/*`` per step (scripts/bench/learn_verl.py). ``--minutes`` and ``--lever`` do not
+  apply to it.
 
 Every recipe is measured on the same ``--val-groups`` held-out seeds of ``--preset``
 (:func:`agentrl.evaluation.evaluate`, greedy, one episode per game): "before" is the untrained
@@ -91,6 +102,8 @@ BANDIT = "first-token-bandit"
 STAGE_FILE = "stage.json"
 OUTPUT = script_module(Path(__file__).parent / "output" / "learn.py")
 """The table and the plot (scripts/bench/output/learn.py)."""
+VERL = script_module(Path(__file__).parent / "learn_verl.py")
+"""The ``verl`` recipe's commands, token budget and timings (scripts/bench/learn_verl.py)."""
 
 
 class Recipe(NamedTuple):  # not a dataclass: the script also loads as a nameless module
@@ -99,6 +112,9 @@ class Recipe(NamedTuple):  # not a dataclass: the script also loads as a nameles
     ppo: bool
     constrained: bool
     """rollout.constrained_actions of its training and evaluation."""
+    verl: bool = False
+    """Trained by verl's own trainers (SFT, then PPO) in child processes, with the preset's
+    history_window 0 (scripts/bench/learn_verl.py)."""
 
 
 RECIPES = {
@@ -107,7 +123,10 @@ RECIPES = {
     "ppo_constrained": Recipe(sft=False, ppo=True, constrained=True),
     "sft": Recipe(sft=True, ppo=False, constrained=True),
     "sft_ppo": Recipe(sft=True, ppo=True, constrained=True),
+    "verl": Recipe(sft=True, ppo=True, constrained=True, verl=True),
 }
+LOCAL_RECIPES = [name for name, recipe in RECIPES.items() if not recipe.verl]
+"""The default: verl's recipe needs vLLM's CPU build and ~10-13 GB, so it is asked for."""
 BANDIT_RECIPES = ("untrained", "ppo")  # the bandit's task is its first free token
 
 
@@ -117,7 +136,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help=f"agent preset to train and evaluate on, or {BANDIT} "
                              "(default tightBlocksworldTurnsAgent, quick_train.sh's)")
     parser.add_argument("--recipes", nargs="+", choices=list(RECIPES), default=None,
-                        help="recipes to compare (default: all; the bandit: untrained ppo)")
+                        help="recipes to compare (default: all but verl; the bandit: untrained ppo)")
     parser.add_argument("--seeds", type=int, default=3,
                         help="training seeds per recipe (default 3)")
     parser.add_argument("--only-seed", type=int, action="append", default=None,
@@ -153,7 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="config overrides of every run")
     args = parser.parse_args(argv)
     bandit = args.preset == BANDIT
-    args.recipes = list(dict.fromkeys(args.recipes or (BANDIT_RECIPES if bandit else RECIPES)))
+    args.recipes = list(dict.fromkeys(args.recipes or (BANDIT_RECIPES if bandit
+                                                       else LOCAL_RECIPES)))
     if bandit and set(args.recipes) - set(BANDIT_RECIPES):
         parser.error(f"--preset {BANDIT} allows --recipes {' '.join(BANDIT_RECIPES)}")
     if bandit and args.compare:
@@ -166,8 +186,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--lever {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE] with a NAME "
                          "of letters, digits and underscores")
         args.levers[name] = pairs
-    if args.levers and not any(RECIPES[r].ppo for r in args.recipes):
-        parser.error("--lever needs a recipe with a PPO stage (ppo, ppo_constrained, sft_ppo)")
+    if args.levers and not any(RECIPES[r].ppo and not RECIPES[r].verl for r in args.recipes):
+        parser.error("--lever needs a recipe with a PPO stage (ppo, ppo_constrained, "
+                     "sft_ppo; not verl)")
+    if "verl" in args.recipes and args.minutes is not None:
+        parser.error("--minutes does not cap the verl recipe (verl's trainers take no "
+                     "deadline); allowed: --minutes without verl in --recipes, or no --minutes")
     if args.val_every is None:
         args.val_every = args.steps
     for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms",
@@ -406,6 +430,79 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
         "wall_minutes": (time.perf_counter() - start) / 60})
 
 
+def full_history_configs(args: argparse.Namespace) -> Configs:
+    """The verl recipe's configs: the preset's history_window 0 (verl refuses context windows),
+    its folders under ``<run-dir>/verl`` (its untrained "before" in ``untrained/``)."""
+    return Configs(argparse.Namespace(**{
+        **vars(args), "overrides": [*args.overrides, VERL.full_history(args.preset)],
+        "run_dir": args.run_dir / "verl"}))
+
+
+def verl_plan(configs: Configs, seed: int) -> Any:
+    args = configs.args
+    return VERL.Plan(preset=args.preset, seed=seed, steps=args.steps,
+                     sft_episodes=args.sft_episodes, sft_epochs=args.sft_epochs,
+                     val_groups=args.val_groups, overrides=tuple(args.overrides))
+
+
+def check_verl_recipe(configs: Configs) -> dict[str, int]:
+    """verl's config of the recipe composed (the verl rules checked) and a whole episode
+    checked against its token budget, before any run starts; the measured bounds."""
+    from agentrl.rollout.demonstrations import demonstration_seeds
+
+    plan = verl_plan(configs, 0)
+    config = compose_config(VERL.shared_keys(plan))
+    return VERL.check_lengths(config, plan.preset, demonstration_seeds(VERL.LENGTH_SAMPLE, 0))
+
+
+def verl_stage(configs: Configs, seed: int) -> dict[str, Any]:
+    """verl's SFT, then its PPO from that checkpoint, each a child process (Ray never in this
+    one), then the local evaluator from the final actor's model folder; verl's step timings."""
+    from agentrl.verl.child_run import console_steps, verl_cpu_python
+
+    args = configs.args
+    folder = args.run_dir / f"seed_{seed}"
+    settings = configs.settings(engine="verl", steps=args.steps, episodes=args.sft_episodes,
+                                epochs=args.sft_epochs)
+    if (record := cached_stage(folder, settings)) is not None:
+        return record
+    python = verl_cpu_python()
+    if python is None:
+        raise RuntimeError("the verl recipe needs vLLM's CPU build: bash env_setup.sh --verl-cpu")
+    plan = verl_plan(configs, seed)
+    start = time.perf_counter()
+    _, sft_s = run_child(VERL.sft_command(python, folder, plan), folder / "sft.log")
+    output, ppo_s = run_child(VERL.ppo_command(python, folder, plan, VERL.sft_model(folder)),
+                              folder / "ppo.log")
+    after = evaluate_model(configs.build(constrained=True, seed=seed,
+                                         model=str(VERL.actor_model(folder, args.steps))))
+    records = read_metrics(folder / "ppo" / "metrics.jsonl")
+    timings = VERL.step_timings(console_steps(output))
+    if not args.keep_checkpoints:
+        for checkpoints in (folder / "sft" / "verl", folder / "ppo" / "checkpoints"):
+            shutil.rmtree(checkpoints, ignore_errors=True)
+    return save_stage(folder, settings, {
+        "after": after, "steps": len(timings["per_step"]), "val_curve": [],
+        "train_curve": [(r["step"], r.get(f"train/{args.preset}/success")) for r in records
+                        if r["step"] > 0 and f"train/{args.preset}/success" in r],
+        "timings": timings, "sft_minutes": sft_s / 60, "ppo_minutes": ppo_s / 60,
+        "ppo_step_minutes": sum(t.get("timing_s/step", 0.0)
+                                for t in timings["per_step"].values()) / 60,
+        "train_minutes": (sft_s + ppo_s) / 60,
+        "wall_minutes": (time.perf_counter() - start) / 60})
+
+
+def run_child(command: list[str], log: Path) -> tuple[str, float]:
+    """A verl run in a session of its own, ended with everything it started; its output and
+    seconds (start-up included). A failure raises with the output's tail."""
+    from agentrl.verl.child_run import finish, start
+
+    began = time.perf_counter()
+    print(f"verl recipe: {' '.join(command[1:4])} ... (log: {log})", flush=True)
+    output = finish(start(command, log), log, VERL.TIMEOUT_S)
+    return output, time.perf_counter() - began
+
+
 def deadline(minutes: float | None) -> float | None:
     """The trainers' deadline (``time.monotonic()`` clock) ``minutes`` from now."""
     return None if minutes is None else time.monotonic() + minutes * 60
@@ -434,6 +531,15 @@ def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
     if recipe.sft and recipe.ppo:
         run["after_sft"] = stages[0]["after"]
     return run
+
+
+def verl_run(configs: Configs, seed: int) -> dict[str, Any]:
+    """One run of the verl recipe; "before" is the untrained model with every turn in the
+    context too (``configs``: :func:`full_history_configs`)."""
+    stage = verl_stage(configs, seed)
+    return {"recipe": "verl", "seed": seed, "before": untrained_stage(configs, True)["after"],
+            "after": stage["after"], "train_minutes": stage["train_minutes"],
+            "wall_minutes": stage["wall_minutes"], "steps": stage["steps"], "stages": [stage]}
 
 
 def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
@@ -472,18 +578,26 @@ def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]
             "run_dir": args.run_dir / variant.replace("=", "-").replace(",", "_")})
     suffix = "" if variant is None else f" [{variant}]"
     configs = Configs(args)
+    verl = full_history_configs(args) if "verl" in args.recipes else None
+    if verl is not None:
+        print(f"verl recipe: an episode of {args.preset} takes up to "
+              f"{check_verl_recipe(verl)} tokens (prompt, response)", flush=True)
     references = reference_rows(configs) if args.preset != BANDIT else {}
-    befores = {c: untrained_stage(configs, c)["after"]
-               for c in dict.fromkeys(map(configs.decoding, args.recipes))}
+    befores = {c: untrained_stage(configs, c)["after"] for c in dict.fromkeys(
+        configs.decoding(name) for name in args.recipes if not RECIPES[name].verl)}
     configs.before = befores
     rows = [(name, None) for name in args.recipes] + [
         (name, lever) for lever in args.levers.items() for name in args.recipes
-        if RECIPES[name].ppo]
+        if RECIPES[name].ppo and not RECIPES[name].verl]
     runs: dict[str, list[dict[str, Any]]] = {}
     for name, lever in rows:
         recipe = RECIPES[name]
         seeds = (args.only_seed or range(args.seeds)) if recipe.sft or recipe.ppo else range(1)
         label = name + (f" @{lever[0]}" if lever else "") + suffix
+        if verl is not None and recipe.verl:
+            label = f"{name} (history_window=0){suffix}"
+            runs[label] = [verl_run(verl, seed) for seed in seeds]
+            continue
         runs[label] = [run_recipe(configs, name, seed, befores[configs.decoding(name)], lever)
                        for seed in seeds]
     return {"references": {policy + suffix: row for policy, row in references.items()},

@@ -96,7 +96,7 @@ def test_recipes_and_budgets_are_checked(bench, capsys):
         bench.parse_args(["--recipes", "dpo"])
     with pytest.raises(SystemExit):
         bench.parse_args(["--minutes", "0"])
-    assert bench.parse_args([]).recipes == list(bench.RECIPES)
+    assert bench.parse_args([]).recipes == bench.LOCAL_RECIPES
     with pytest.raises(SystemExit):
         bench.parse_args(["--seeds", "3", "--only-seed", "3"])
     assert "0..2" in capsys.readouterr().err
