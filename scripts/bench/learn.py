@@ -471,7 +471,7 @@ def verl_stage(configs: Configs, seed: int) -> dict[str, Any]:
         raise RuntimeError("the verl recipe needs vLLM's CPU build: bash env_setup.sh --verl-cpu")
     plan = verl_plan(configs, seed)
     start = time.perf_counter()
-    _, sft_s = run_child(VERL.sft_command(python, folder, plan), folder / "sft.log")
+    sft_s = verl_sft(python, folder, plan)
     output, ppo_s = run_child(VERL.ppo_command(python, folder, plan, VERL.sft_model(folder)),
                               folder / "ppo.log")
     after = evaluate_model(configs.build(constrained=True, seed=seed,
@@ -490,6 +490,17 @@ def verl_stage(configs: Configs, seed: int) -> dict[str, Any]:
                                 for t in timings["per_step"].values()) / 60,
         "train_minutes": (sft_s + ppo_s) / 60,
         "wall_minutes": (time.perf_counter() - start) / 60})
+
+
+def verl_sft(python: str, folder: Path, plan: Any) -> float:
+    """verl's SFT run of the stage, or the one a stopped stage finished (its record,
+    ``sft/finished.json``, is written after it exits cleanly); its seconds."""
+    record, same = folder / "sft" / "finished.json", json.loads(json.dumps(list(plan)))
+    if record.is_file() and json.loads(record.read_text())["plan"] == same:
+        return json.loads(record.read_text())["seconds"]
+    _, seconds = run_child(VERL.sft_command(python, folder, plan), folder / "sft.log")
+    record.write_text(json.dumps({"plan": same, "seconds": seconds}))
+    return seconds
 
 
 def run_child(command: list[str], log: Path) -> tuple[str, float]:

@@ -8,7 +8,6 @@ tiny run through verl's trainers (vLLM's CPU build, ~10 GiB)."""
 from __future__ import annotations
 
 import json
-import os
 import stat
 import sys
 from pathlib import Path
@@ -22,10 +21,12 @@ from agentrl.verl.child_run import verl_cpu_python
 PRESET = "tightBlocksworldTurnsAgent"
 FAKE_PYTHON = f"""#!{sys.executable}
 # a stand-in for `python -m agentrl.cli sft|train ...` of verl's CPU venv
-import json, shutil, sys
+import json, os, shutil, sys
 from pathlib import Path
 
 command, keys = sys.argv[3], dict(arg.split("=", 1) for arg in sys.argv[4:])
+if os.environ.get("FAKE_VERL_FAILS") == command:
+    sys.exit("verl: out of memory")
 assert sys.argv[1:3] == ["-m", "agentrl.cli"], sys.argv
 assert keys["hardware"] == "cpu-verl" and keys["rollout.constrained_actions"] == "true", keys
 assert keys["agents.{PRESET}.history_window"] == "0", keys
@@ -103,11 +104,17 @@ def test_the_verl_recipe_trains_through_child_runs_and_evaluates_the_actors_fold
     assert bench.main(recipe_args(tmp_path))["runs"] == json.loads(json.dumps(result["runs"]))
 
 
-def test_a_failed_verl_run_stops_the_recipe_with_its_output(bench, fake_verl, tmp_path,
-                                                           one_torch_thread):
-    fake_verl.write_text("#!/bin/sh\necho 'verl: out of memory'\nexit 1\n")
-    with pytest.raises(RuntimeError, match="sft exited 1(.|\n)*verl: out of memory"):
+def test_a_failed_verl_run_stops_the_recipe_and_a_rerun_keeps_its_finished_sft(
+        bench, fake_verl, tmp_path, monkeypatch, one_torch_thread):
+    monkeypatch.setenv("FAKE_VERL_FAILS", "train")
+    with pytest.raises(RuntimeError, match="train exited 1(.|\n)*verl: out of memory"):
         bench.main(recipe_args(tmp_path))
+    monkeypatch.setenv("FAKE_VERL_FAILS", "sft")   # the finished SFT run is not run again
+    stage = bench.main(recipe_args(tmp_path))["runs"]["verl (history_window=0)"][0]["stages"][0]
+    assert stage["steps"] == 2 and stage["sft_minutes"] > 0
+    monkeypatch.setenv("FAKE_VERL_FAILS", "sft")   # another plan: its own SFT run
+    with pytest.raises(RuntimeError, match="sft exited 1"):
+        bench.main(recipe_args(tmp_path, "--seeds", "2", "--only-seed", "1"))
 
 
 def test_the_recipe_is_asked_for_and_refuses_a_deadline(bench, capsys):
@@ -186,5 +193,5 @@ def test_a_real_tiny_verl_recipe_run(bench, tmp_path, one_torch_thread):
     stage = result["runs"]["verl (history_window=0)"][0]["stages"][0]
     assert stage["steps"] == 1 and stage["timings"]["per_step"]["1"]["timing_s/step"] > 0
     assert stage["after"]["format_error"] == 0   # constrained, from verl's actor folder
-    assert not any(os.environ.get(k) for k in ("RAY_ADDRESS",))
+    assert not list((tmp_path / "runs").glob("verl/seed_0/ppo/checkpoints"))
     assert Path(result["plot"]).stat().st_size > 0
