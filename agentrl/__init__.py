@@ -6,7 +6,7 @@ import warnings
 
 # OpenMP threads that spin while idle slow small CPU matmuls ~10x as soon as another process
 # (or the rollout's own threads) wants a core: a step of the embedded model beside a second
-# torch process took 8.9x its time alone with libgomp's default waiting, against 1.4x passive
+# torch process took 3.5x its time alone with libgomp's default waiting, against 1.5x passive
 # (docs/results/speed.md, "A busy machine"). OpenMP reads the policy once, when torch loads it:
 # a program that imported torch first keeps spinning threads, so it is told.
 if "torch" in sys.modules and "OMP_WAIT_POLICY" not in os.environ:

@@ -83,7 +83,8 @@ class TurnResult:
     messages: list[dict]
     """New messages for the next turn (one user message); empty when the episode is over."""
     reward: float
-    """Sum of the env rewards of the actions run, or ``Agent.format_penalty`` for a bad format."""
+    """Sum of the env rewards of the actions run, or for a bad format ``Agent.format_penalty``
+    (with ``format_credit``, raised by the reply's ``format_progress``)."""
     done: bool
     """The episode is over: game ended, ``max_turns`` replies, or the action budget spent."""
     success: bool
@@ -151,7 +152,8 @@ class Agent:
         return messages
 
     def step(self, response_text: Any) -> TurnResult:
-        """Apply one model reply (any text; a bad one costs ``self.format_penalty``)."""
+        """Apply one model reply (any text; a bad one costs ``self.format_penalty``, less with
+        ``format_credit``)."""
         if self.done:
             raise RuntimeError("the episode is over (or never started): call reset() first")
         config = self.config
@@ -234,11 +236,14 @@ class Agent:
 
     def _limits_text(self) -> str:
         config = self.config
+        credit = (" (a little more for each tag of the format it wrote)"
+                  if config.format_credit else "")
         return (f"You have {config.max_turns} turns. Each turn you may give up to "
                 f"{config.max_actions_per_turn} actions; the whole game allows "
                 f"{config.max_actions_all_turns}. Actions over these limits are ignored. A reply "
-                f"that breaks the format gets a reward of {self.format_penalty:+.2f} and no "
-                f"action is taken. Replies are cut off after {config.max_response_tokens} tokens.")
+                f"that breaks the format gets a reward of {self.format_penalty:+.2f}{credit} "
+                f"and no action is taken. Replies are cut off after "
+                f"{config.max_response_tokens} tokens.")
 
     def _state_text(self) -> str:
         heading = (f"Turn {self.turn + 1} of {self.config.max_turns}; "

@@ -24,18 +24,24 @@ def check_verl(config: Any) -> None:
     """``ValueError`` naming the first key whose value verl cannot run, and what is allowed.
     ``config`` is a :class:`~agentrl.config.schema.TrainConfig` (not imported here: the schema
     imports this module, and the rules read its sections only)."""
-    check_verl_model(config.model.name)
+    check_verl_model(config.model.name, config.verl.nnodes)
     _check_local_only_features(config)
     _check_history_windows(config)
     _check_cluster(config)
 
 
-def check_verl_model(name: str) -> None:
-    """verl's workers load the model themselves: a name only ``load_model`` builds fails."""
+def check_verl_model(name: str, nnodes: int = 1) -> None:
+    """verl's workers load the model themselves: a name only ``load_model`` builds fails, and
+    the embedded model's converted folder is in this node's cache only."""
     if LOCAL_ONLY_MODELS.fullmatch(name) and not Path(name).exists():
         raise ValueError(f"model.name={name!r} is not allowed with backend='verl' (verl's workers "
                          "load the model themselves); allowed: a Hugging Face hub id or a local "
                          "model folder, e.g. model=qwen_halfb (model=tiny_vllm on a CPU)")
+    if name == "embedded" and nnodes > 1 and not Path(name).exists():
+        raise ValueError(f"model.name='embedded' is not allowed with verl.nnodes={nnodes}: its "
+                         "converted folder is in this node's cache, which the other nodes cannot "
+                         "read; allowed: a model folder on shared storage (copy "
+                         "$AGENTRL_CACHE/models/embedded there) or a hub id")
 
 
 def divisors(number: int) -> list[int]:

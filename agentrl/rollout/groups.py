@@ -40,7 +40,8 @@ shift)`` with ``score = scale * return + shift`` (mean_std: ``1 / (std + 1e-6)``
 ``-mean * scale``; a clipped or constant score: scale 0), which ``to_batch`` applies to every
 turn's reward under ``reward_placement: turn``. The format penalty is applied *before* normalization: it is already
 in the episode return, because ``Agent.step`` gives a malformed reply ``Agent.format_penalty`` as its
-turn reward, so a malformed reply lowers its episode's score relative to its group.
+turn reward (raised by its ``format_progress`` under ``format_credit``), so a malformed reply lowers
+its episode's score relative to its group.
 """
 
 from __future__ import annotations

@@ -13,13 +13,14 @@ when torch loads it): ``default`` leaves the variable unset (libgomp's own: spin
 sleep), ``active`` spins, ``passive`` sleeps at once (what ``import agentrl`` sets unless the
 variable is already set); ``THREADS`` goes to ``torch.set_num_threads``. The process times a
 PPO step in miniature on the model ``--repeats`` times alone, each followed by the same step
-while a competitor runs (paired, so load from elsewhere reaches both sides alike): a second process of torch matmuls at its own defaults (``--competitor torch``:
-two threads, libgomp's waiting, as another torch program would be) or one pure-Python busy loop
-per core (``--competitor python``). The step is a batched greedy decode
-(``--batch`` prompts, ``--new-tokens`` each, through ``BatchingLLM.generate_batch``) plus one
-forward and backward pass over ``--batch`` rows of ``--train-tokens`` tokens. The table shows
-each setting's median seconds alone and busy (decode and update apart as ``alone / busy``),
-and ``slowdown`` = busy / alone: fair sharing of
+while a competitor runs (paired, so load from elsewhere reaches both sides alike): a second
+process of torch matmuls at its own defaults (``--competitor torch``: a thread per core,
+libgomp's waiting, as another torch program would be) or one pure-Python busy loop per core
+(``--competitor python``), timed from its first computation on. The step is a batched greedy
+decode (``--batch`` prompts, ``--new-tokens`` each, through ``BatchingLLM.generate_batch``)
+plus one forward and backward pass over ``--batch`` rows of ``--train-tokens`` tokens. The
+table shows each setting's median seconds alone and busy (decode and update apart as
+``alone / busy``), and ``slowdown``: the median over the pairs of busy / alone. Fair sharing of
 two cores between two processes that each want both gives 2x. The machine's load average is
 read before each setting: the ratios compare settings measured side by side in one run.
 """
@@ -36,9 +37,10 @@ import time
 
 SETTINGS = ("default:2", "active:2", "passive:2", "passive:1")
 POLICIES = {"default": None, "active": "ACTIVE", "passive": "PASSIVE"}
-COMPETITORS = {
-    "torch": "import torch\na = torch.randn(768, 768)\nwhile True:\n    a @ a\n",
-    "python": "while True:\n    pass\n",
+COMPETITORS = {   # each says "ready" once it computes, so no step is timed beside its start-up
+    "torch": ("import torch\ntorch.set_num_threads({cores})\na = torch.randn(768, 768)\na @ a\n"
+              "print('ready', flush=True)\nwhile True:\n    a @ a\n"),
+    "python": "print('ready', flush=True)\nwhile True:\n    pass\n",
 }
 
 
@@ -61,13 +63,29 @@ def policy_env(policy: str, base: dict[str, str] | None = None) -> dict[str, str
     return env
 
 
-def start_competitor(kind: str, cores: int) -> list[subprocess.Popen]:
-    """The competing processes: one torch program at its own defaults, or a busy loop per core."""
-    env = policy_env("default")   # another program: libgomp's own waiting, torch's own threads
-    count = 1 if kind == "torch" else cores
-    return [subprocess.Popen([sys.executable, "-c", COMPETITORS[kind]], env=env,
-                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            for _ in range(count)]
+def competitor_env() -> dict[str, str]:
+    """Another program's environment: libgomp's own waiting, no thread count inherited from
+    this one (a benchmark started with ``OMP_NUM_THREADS=1`` must not shrink its rival)."""
+    env = policy_env("default")
+    for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+        env.pop(name, None)
+    return env
+
+
+def start_competitor(kind: str, cores: int, started: list[subprocess.Popen]) -> None:
+    """The competing processes, appended to ``started`` as they start (so the caller stops
+    every one, even if a later start fails): one torch program on every core, or a busy loop
+    per core; each killed with this process if it dies, and running once this returns."""
+    from agentrl.verl.restart import die_with_parent
+
+    for _ in range(1 if kind == "torch" else cores):
+        process = subprocess.Popen([sys.executable, "-c", COMPETITORS[kind].format(cores=cores)],
+                                   env=competitor_env(), stdout=subprocess.PIPE,
+                                   stderr=subprocess.DEVNULL, text=True,
+                                   preexec_fn=die_with_parent)
+        started.append(process)
+        if process.stdout.readline().strip() != "ready":
+            raise RuntimeError(f"the {kind} competitor did not start (exit {process.poll()})")
 
 
 def stop(processes: list[subprocess.Popen]) -> None:
@@ -107,23 +125,25 @@ def measure_worker(args: argparse.Namespace) -> dict:
     alone, busy, pids = [], [], []
     for _ in range(args.repeats):   # paired: whatever else the machine runs, both see it
         alone.append(step())
-        competitor = start_competitor(args.competitor, os.cpu_count() or 1)
-        pids += [p.pid for p in competitor]
+        competitor: list[subprocess.Popen] = []
         try:
-            time.sleep(1.0)   # let it reach its loop
+            start_competitor(args.competitor, os.cpu_count() or 1, competitor)
             busy.append(step())
         finally:
             stop(competitor)
+            pids += [p.pid for p in competitor]
     return {"alone": alone, "busy": busy, "omp_wait_policy": policy,
             "threads": torch.get_num_threads(), "competitor_pids": pids}
 
 
 def summarize(setting: str, times: dict, load: float) -> dict:
-    """Median seconds of a step (decode + update) alone and busy, and their ratio."""
+    """Median seconds of a step (decode + update) alone and busy, and the slowdown: the median
+    of the paired ratios (each busy step over the step alone just before it)."""
     def median(runs, part=None):
         return statistics.median(sum(r) if part is None else r[part] for r in runs)
 
     alone, busy = median(times["alone"]), median(times["busy"])
+    ratios = [sum(b) / sum(a) for a, b in zip(times["alone"], times["busy"])]
     return {"setting": setting, "load_before": load, "omp_wait_policy": times["omp_wait_policy"],
             "threads": times["threads"], "competitor_pids": times["competitor_pids"],
             "alone_s": round(alone, 3), "busy_s": round(busy, 3),
@@ -131,7 +151,7 @@ def summarize(setting: str, times: dict, load: float) -> dict:
             "decode_busy_s": round(median(times["busy"], 0), 3),
             "update_alone_s": round(median(times["alone"], 1), 3),
             "update_busy_s": round(median(times["busy"], 1), 3),
-            "slowdown": round(busy / alone, 2),
+            "slowdown": round(statistics.median(ratios), 2),
             "runs": {"alone": times["alone"], "busy": times["busy"]}}
 
 
@@ -180,7 +200,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--new-tokens", type=int, default=24, help="tokens decoded per prompt")
     parser.add_argument("--prompt-tokens", type=int, default=120, help="shortest prompt")
     parser.add_argument("--train-tokens", type=int, default=192, help="tokens a trained row")
-    parser.add_argument("--out", default="scripts/bench/output/busy.json", help="JSON output")
+    parser.add_argument("--out", default="bench_results/busy.json", help="JSON output")
     parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--threads", type=int, default=2, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)

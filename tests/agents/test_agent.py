@@ -270,8 +270,10 @@ def test_format_credit_grades_malformed_replies_below_every_well_formed_turn():
             agent.reset(seed=3)
             out.append(agent.step(reply).reward)
         agent.reset(seed=3)
-        illegal = agent.step("<answer>move 9 to 9</answer>")   # well-formed, the worst kind
-        assert illegal.format_ok and all(r < illegal.reward for r in out)
+        worst = agent.step("<answer>not a move</answer>")   # well-formed: the game's worst text
+        assert worst.format_ok and worst.reward == config(
+            "tightBlocksworldTurnsAgent").worst_turn_reward(agent.env.unwrapped.worst_action_reward)
+        assert all(r < worst.reward for r in out)
         return out
 
     flat, graded = rewards(False), rewards(True)

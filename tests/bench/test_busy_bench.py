@@ -43,3 +43,42 @@ def test_a_bad_setting_is_refused_naming_the_allowed_values(load_script, setting
     with pytest.raises(SystemExit):
         bench.parse_args(["--settings", setting])
     assert "POLICY:THREADS" in capsys.readouterr().err
+
+
+def test_a_competitor_dies_with_the_process_that_started_it(tmp_path):
+    """A worker killed mid-step (SIGKILL: no ``finally``) leaves no busy loop behind."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "busy.py"
+    code = ("import importlib.util, time\n"
+            f"spec = importlib.util.spec_from_file_location('busy', {str(script)!r})\n"
+            "bench = importlib.util.module_from_spec(spec); spec.loader.exec_module(bench)\n"
+            "started = []\nbench.start_competitor('python', 1, started)\n"
+            "print(started[0].pid, flush=True)\ntime.sleep(120)\n")
+    worker = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    competitor = int(worker.stdout.readline())
+    assert not gone(competitor)
+    worker.send_signal(signal.SIGKILL)
+    worker.wait()
+    deadline = time.monotonic() + 10
+    while not ended(competitor) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    survived = not ended(competitor)
+    if survived:   # do not leave it spinning, then fail
+        os.kill(competitor, signal.SIGKILL)
+    assert not survived
+
+
+def ended(pid: int) -> bool:
+    """Gone, or dead and not yet reaped by its new parent."""
+    from pathlib import Path
+
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return True
+    return gone(pid) or state == "Z"

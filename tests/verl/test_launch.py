@@ -227,6 +227,7 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
 
 @pytest.mark.parametrize("overrides, message", [
     (["hardware=a100", "model.name=tiny"], r"model.name='tiny' is not allowed with backend='verl'"),
+    (["hardware=a100", "verl.nnodes=2"], r"model.name='embedded' is not allowed with verl.nnodes=2"),
     ([*GPU, "verl.tensor_model_parallel_size=3"],
      r"tensor_model_parallel_size=3 is not allowed.*allowed: \[1, 2, 4, 8\]"),
     ([*GPU, "verl.n_gpus_per_node=5"], r"128 trajectories per step is not allowed on .* 5 GPUs"),
@@ -252,6 +253,7 @@ def test_verl_section_errors_name_the_key(overrides, message):
         compose_config(overrides)
 
 
+@pytest.mark.slow   # converts the GGUF on a cold cache (15-40 s)
 def test_the_embedded_model_goes_to_verl_as_its_converted_folder(tmp_path):
     """``model.name=embedded`` on verl: the workers load the folder the local engine converted
     the GGUF into (one Hugging Face architecture, as verl asserts), written at launch."""
