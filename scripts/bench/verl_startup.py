@@ -21,12 +21,14 @@ average is recorded before each run: compare variants measured in the same invoc
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -104,14 +106,16 @@ def stamped_run(command: list[str], timeout_s: float) -> tuple[list[tuple[float,
                                stderr=subprocess.STDOUT, text=True, errors="replace",
                                start_new_session=True)
     assert process.stdout is not None
+    watchdog = threading.Timer(timeout_s, os.killpg, (process.pid, 9))   # a silent hang too
+    watchdog.start()
     try:
         for line in process.stdout:
             lines.append((time.monotonic() - started, line.rstrip("\n")))
-            if time.monotonic() - started > timeout_s:
-                break
     finally:  # a timeout or an interrupt: the run's whole process group ended
+        watchdog.cancel()
         if process.poll() is None:
-            os.killpg(process.pid, 9)
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(process.pid, 9)
         process.wait()
     lines.append((time.monotonic() - started, "# end of run"))
     return lines, process.returncode
