@@ -493,9 +493,11 @@ def verl_stage(configs: Configs, seed: int) -> dict[str, Any]:
 
 
 def verl_sft(python: str, folder: Path, plan: Any) -> float:
-    """verl's SFT run of the stage, or the one a stopped stage finished (its record,
-    ``sft/finished.json``, is written after it exits cleanly); its seconds."""
-    record, same = folder / "sft" / "finished.json", json.loads(json.dumps(list(plan)))
+    """verl's SFT run of the stage, or the one a stopped stage finished with the same plan but
+    ``--steps`` (its record, ``sft/finished.json``, is written after it exits cleanly); its
+    seconds."""
+    same = json.loads(json.dumps({k: v for k, v in plan._asdict().items() if k != "steps"}))
+    record = folder / "sft" / "finished.json"
     if record.is_file() and json.loads(record.read_text())["plan"] == same:
         return json.loads(record.read_text())["seconds"]
     _, seconds = run_child(VERL.sft_command(python, folder, plan), folder / "sft.log")

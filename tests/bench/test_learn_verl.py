@@ -109,9 +109,10 @@ def test_a_failed_verl_run_stops_the_recipe_and_a_rerun_keeps_its_finished_sft(
     monkeypatch.setenv("FAKE_VERL_FAILS", "train")
     with pytest.raises(RuntimeError, match="train exited 1(.|\n)*verl: out of memory"):
         bench.main(recipe_args(tmp_path))
-    monkeypatch.setenv("FAKE_VERL_FAILS", "sft")   # the finished SFT run is not run again
-    stage = bench.main(recipe_args(tmp_path))["runs"]["verl (history_window=0)"][0]["stages"][0]
-    assert stage["steps"] == 2 and stage["sft_minutes"] > 0
+    monkeypatch.setenv("FAKE_VERL_FAILS", "sft")   # the finished SFT run is not run again,
+    stage = bench.main(recipe_args(tmp_path, "--steps", "3"))  # with other PPO steps too
+    stage = stage["runs"]["verl (history_window=0)"][0]["stages"][0]
+    assert stage["steps"] == 3 and stage["sft_minutes"] > 0
     monkeypatch.setenv("FAKE_VERL_FAILS", "sft")   # another plan: its own SFT run
     with pytest.raises(RuntimeError, match="sft exited 1"):
         bench.main(recipe_args(tmp_path, "--seeds", "2", "--only-seed", "1"))
