@@ -32,6 +32,10 @@ observations); 6 turns of tightBlocksworldTurnsAgent take ~950 at most (:func:`c
 ACTOR_SAVES = ("verl.overrides=['actor_rollout_ref.actor.checkpoint.save_contents="
                "[model,optimizer,extra,hf_model]']")
 """The actor's checkpoint with its Hugging Face model: the folder the evaluator loads."""
+PPO_MICRO_BATCH = "actor.micro_batch_size=2"
+"""The actor's and critic's rows a forward/backward (cpu-verl's 8 are one): 8 rows of 1,536
+tokens made the critic's update worker 16.9 GB on this CPU, and Ray's memory monitor killed it
+(the same update, accumulated over micro-batches)."""
 TIMEOUT_S = 3600.0
 """Per child run (start-up included); one past it is ended with everything it started."""
 LENGTH_SAMPLE = 16
@@ -83,7 +87,7 @@ def ppo_command(python: str, folder: Path, plan: Plan, model: Path) -> list[str]
     return [python, "-m", "agentrl.cli", "train", *shared_keys(plan), f"model.name={model}",
             f"run_dir={folder / 'ppo'}", f"train.total_steps={plan.steps}",
             f"trainer.save_freq={plan.steps}", "val.test_freq=0", "val.before_train=false",
-            ACTOR_SAVES]
+            PPO_MICRO_BATCH, ACTOR_SAVES]
 
 
 def sft_model(folder: Path) -> Path:
