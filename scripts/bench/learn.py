@@ -498,7 +498,8 @@ def verl_sft(python: str, folder: Path, plan: Any) -> float:
     seconds."""
     same = json.loads(json.dumps({k: v for k, v in plan._asdict().items() if k != "steps"}))
     record = folder / "sft" / "finished.json"
-    if record.is_file() and json.loads(record.read_text())["plan"] == same:
+    kept = any((folder / "sft" / "verl").glob("global_step_*/huggingface"))
+    if kept and record.is_file() and json.loads(record.read_text())["plan"] == same:
         return json.loads(record.read_text())["seconds"]
     _, seconds = run_child(VERL.sft_command(python, folder, plan), folder / "sft.log")
     record.write_text(json.dumps({"plan": same, "seconds": seconds}))
