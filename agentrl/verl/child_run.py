@@ -50,11 +50,17 @@ def verl_cpu_python() -> str | None:
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 
+def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
+    """This environment for a child run: WandB off, Ray's logs not deduplicated, output
+    unbuffered, then ``env``."""
+    return {**os.environ, "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
+            "PYTHONUNBUFFERED": "1", **(env or {})}
+
+
 def start(command: list[str], log: Path, env: dict[str, str] | None = None) -> subprocess.Popen:
     """``command`` from the checkout's root in a session of its own, its stdout and stderr
-    into ``log``; ``env`` adds to this environment (WandB off, Ray's logs not deduplicated)."""
-    env = {**os.environ, "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
-           "PYTHONUNBUFFERED": "1", **(env or {})}
+    into ``log``; ``env`` adds to :func:`child_env`."""
+    env = child_env(env)
     log.parent.mkdir(parents=True, exist_ok=True)
     with log.open("w") as out:
         return subprocess.Popen(command, cwd=ROOT, env=env, stdout=out, stderr=subprocess.STDOUT,

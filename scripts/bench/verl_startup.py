@@ -21,7 +21,6 @@ average is recorded before each run: compare variants measured in the same invoc
 from __future__ import annotations
 
 import argparse
-import contextlib
 import json
 import os
 import re
@@ -32,7 +31,7 @@ import threading
 import time
 from pathlib import Path
 
-from agentrl.verl.child_run import console_steps, verl_cpu_python
+from agentrl.verl.child_run import child_env, console_steps, end_session, verl_cpu_python
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTPUT = ROOT / "scripts" / "bench" / "output" / "verl_startup.json"
@@ -99,23 +98,19 @@ def train_command(python: str, run_dir: Path, steps: int, overrides: list[str]) 
 def stamped_run(command: list[str], timeout_s: float) -> tuple[list[tuple[float, str]], int]:
     """Run ``command`` in a session of its own; its output lines, each with the seconds since
     the start, and its exit status (-9 after ``timeout_s``)."""
-    env = {**os.environ, "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
-           "PYTHONUNBUFFERED": "1"}
     started, lines = time.monotonic(), []
-    process = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+    process = subprocess.Popen(command, cwd=ROOT, env=child_env(), stdout=subprocess.PIPE,
                                stderr=subprocess.STDOUT, text=True, errors="replace",
                                start_new_session=True)
     assert process.stdout is not None
-    watchdog = threading.Timer(timeout_s, os.killpg, (process.pid, 9))   # a silent hang too
+    watchdog = threading.Timer(timeout_s, end_session, (process.pid,))   # a silent hang too
     watchdog.start()
     try:
         for line in process.stdout:
             lines.append((time.monotonic() - started, line.rstrip("\n")))
-    finally:  # a timeout or an interrupt: the run's whole process group ended
+    finally:  # a timeout, an interrupt or an exit: whatever the run started (Ray) ends with it
         watchdog.cancel()
-        if process.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(process.pid, 9)
+        end_session(process.pid)
         process.wait()
     lines.append((time.monotonic() - started, "# end of run"))
     return lines, process.returncode
