@@ -32,10 +32,11 @@ observations); 6 turns of tightBlocksworldTurnsAgent take ~950 at most (:func:`c
 ACTOR_SAVES = ("verl.overrides=['actor_rollout_ref.actor.checkpoint.save_contents="
                "[model,optimizer,extra,hf_model]']")
 """The actor's checkpoint with its Hugging Face model: the folder the evaluator loads."""
-PPO_MICRO_BATCH = "actor.micro_batch_size=2"
+PPO_MICRO_BATCH = "actor.micro_batch_size=1"
 """The actor's and critic's rows a forward/backward (cpu-verl's 8 are one): 8 rows of 1,536
 tokens made the critic's update worker 16.9 GB on this CPU, and Ray's memory monitor killed it
-(the same update, accumulated over micro-batches)."""
+(the same update, accumulated over micro-batches); at 2 the actor's update worker still
+peaked at ~15 GB and the monitor killed vLLM's workers at step 2."""
 TIMEOUT_S = 3600.0
 """Per child run (start-up included); one past it is ended with everything it started."""
 LENGTH_SAMPLE = 16
