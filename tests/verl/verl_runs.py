@@ -15,13 +15,18 @@ SFT_LR = 1e-3
 weights far more than the PPO steps after it, and a PPO checkpoint shows which it started from."""
 
 
+def cpu_sft_overrides(run_dir: Path, *extra: str) -> list[str]:
+    """verl's SFT on this CPU: one step of 8 bandit demonstrations from ``model=tiny_vllm``
+    (``agentrl sft``'s arguments)."""
+    return ["backend=verl", "hardware=cpu-verl", "model=tiny_vllm", f"run_dir={run_dir}",
+            "sft.presets=[banditAgent]", "sft.episodes=8", "sft.mini_batch_size=8",
+            "sft.micro_batch_size=8", "sft.epochs=1", "val.presets=[banditAgent]",
+            "val.group_num=8", "trainer.logger=[console]", "trainer.wandb_mode=disabled", *extra]
+
+
 def cpu_sft_config(run_dir: Path, *extra: str) -> TrainConfig:
-    """verl's SFT on this CPU: one step of 8 bandit demonstrations from ``model=tiny_vllm``."""
-    return compose_config(["backend=verl", "hardware=cpu-verl", "model=tiny_vllm",
-                           f"run_dir={run_dir}", "sft.presets=[banditAgent]", "sft.episodes=8",
-                           "sft.mini_batch_size=8", "sft.micro_batch_size=8", "sft.epochs=1",
-                           "val.presets=[banditAgent]", "val.group_num=8",
-                           "trainer.logger=[console]", "trainer.wandb_mode=disabled", *extra])
+    """The config of :func:`cpu_sft_overrides`."""
+    return compose_config(cpu_sft_overrides(run_dir, *extra))
 
 
 def sft_model_folder(run_dir: Path, step: int = 1) -> Path:
