@@ -276,6 +276,11 @@ class RolloutConfig(Section):
     drop_uniform_groups: bool = False
     """Then drop every group whose members all got the same return; a step with none left
     skips its update (local only)."""
+    turn_branches: int = setting(0, at_least(0), "an integer >= 0")
+    """Training episodes sample this many more replies at every turn, each played one action
+    on a copy of the game, and PPO trains on every turn's replies as a group of their own (one-
+    turn rows, compared with each other) instead of whole episodes; 0 = off (local only; a
+    game whose state copies)."""
     grouping: Literal["state", "batch"] = "state"
     """Normalize returns within each group (state) or over the whole batch (batch)."""
     norm_method: Literal["identity", "mean_std", "asym_clip"] = "identity"
@@ -637,10 +642,12 @@ class TrainConfig(Section):
             check_env_kwargs(self.agents[name], f"agents.{name}")
 
     def _check_batches(self) -> None:
-        if self.algorithm.adv_estimator == "grpo" and self.train.group_size < 2:
+        if (self.algorithm.adv_estimator == "grpo" and self.train.group_size < 2
+                and not self.rollout.turn_branches):
             raise ValueError(f"train.group_size={self.train.group_size} is not allowed with "
                              "algorithm.adv_estimator='grpo' (it compares the episodes of a "
-                             "group); allowed: an integer >= 2, or adv_estimator='gae'")
+                             "group); allowed: an integer >= 2, adv_estimator='gae', or "
+                             "rollout.turn_branches >= 1 (it compares each turn's replies)")
         if self.algorithm.distance_shaping and self.rollout.reward_placement != "turn":
             raise ValueError(f"algorithm.distance_shaping={self.algorithm.distance_shaping} is "
                              "not allowed with rollout.reward_placement='last' (it shapes each "

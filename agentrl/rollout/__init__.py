@@ -3,10 +3,11 @@
 - :mod:`agentrl.rollout.records`: ``Turn``, ``Trajectory``, ``EpisodeOutcome``.
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
 - :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``drop_uniform_groups``,
-  ``step_advantages``, ``distance_shaping``, ``normalize_returns``.
+  ``step_advantages``, ``distance_shaping``, ``normalize_returns``, ``turn_samples``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout, one row per context window:
   ``context_samples``).
-- :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``).
+- :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``),
+  ``branch_metrics``.
 """
 
 from agentrl.rollout.batch import REWARD_PLACEMENTS, TrainingSample, context_samples, to_batch
@@ -20,13 +21,15 @@ from agentrl.rollout.groups import (
     normalize_scores,
     run_groups,
     step_advantages,
+    turn_samples,
 )
-from agentrl.rollout.metrics import rollout_metrics
+from agentrl.rollout.metrics import branch_metrics, rollout_metrics
 from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
 
 __all__ = [
-    "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "EpisodeOutcome", "TrainingSample", "Trajectory",
+    "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "branch_metrics", "EpisodeOutcome", "TrainingSample", "Trajectory",
     "Turn", "context_samples", "distance_shaping", "drop_uniform_groups", "filter_groups",
     "first_prompt_ids", "group_trajectories", "normalize_returns", "normalize_scores",
     "rollout_metrics", "run_episode", "run_groups", "step_advantages", "to_batch",
+    "turn_samples",
 ]

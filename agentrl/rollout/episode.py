@@ -72,6 +72,7 @@ gets exactly that list:
 from __future__ import annotations
 
 import asyncio
+import copy
 import dataclasses
 import time
 from typing import Any, Protocol, Sequence
@@ -179,6 +180,7 @@ async def run_episode(
     preset: str | None = None,
     suffix: ChatSuffix | None = None,
     goal_distances: bool = False,
+    branches: int = 0,
 ) -> Trajectory:
     """Play one episode of ``agent`` on game ``seed``; see the module docstring for the rules.
 
@@ -186,8 +188,13 @@ async def run_episode(
     ``max_new_tokens`` and ``stop_token_ids`` works). ``suffix`` may be shared between episodes
     of one tokenizer (it is stateless after construction). ``goal_distances``: record the
     oracle's remaining actions before the first turn and after each (``agent.goal_distance()``,
-    a search per turn) in ``Trajectory.goal_distances``, for distance shaping.
+    a search per turn) in ``Trajectory.goal_distances``, for distance shaping. ``branches``
+    (K): sample K more replies at every turn's context, each played one action on a copy of
+    the game (its reward, and its distances with ``goal_distances``), in
+    ``Trajectory.turn_branches``; the episode goes on with the first reply.
     """
+    if branches < 0:
+        raise ValueError(f"branches must be >= 0, got {branches}")
     config = agent.config
     suffix = suffix or ChatSuffix(tokenizer)
     # every end-of-sequence id of the template, the tokenizer and the engine ends a reply
@@ -217,6 +224,7 @@ async def run_episode(
     features: list[Any] = []  # the engine's last hidden state before each token (or None)
     constrained = bool(getattr(sampling, "constrained_actions", False))
     turns: list[Turn] = []
+    branch_samples: list[list[Trajectory]] = []  # per turn, with branches > 0
     turn_ends: list[int] = []
     block_starts: list[int] = []  # where each turn block (reply + next observation) begins
     window_start = 0  # context = prompt_ids + response_ids[window_start:]
@@ -237,26 +245,19 @@ async def run_episode(
         start = time.perf_counter()
         request = (dataclasses.replace(sampling, answer_grammar=agent.answer_grammar())
                    if constrained else sampling)
-        generated = await llm.generate(prompt_ids + response_ids[window_start:], request)
+        context = prompt_ids + response_ids[window_start:]
+        generations = await asyncio.gather(*(llm.generate(context, request)
+                                             for _ in range(1 + branches)))
         timings["generate_s"] += time.perf_counter() - start
-        ids, lps = generated
-        ids, lps = [int(t) for t in ids], [float(x) for x in lps]
-        if len(ids) != len(lps) or not ids:
-            raise ValueError(f"llm.generate returned {len(ids)} ids and {len(lps)} logprobs")
-        turn_masks = getattr(generated, "token_masks", None)
-        turn_masks = tuple(turn_masks) if turn_masks is not None else (None,) * len(ids)
-        turn_features = getattr(generated, "features", None)
-        if turn_features is not None and len(turn_features) != len(ids):
-            raise ValueError(f"llm.generate returned {len(turn_features)} features for "
-                             f"{len(ids)} ids")
-        features += list(turn_features) if turn_features is not None else [None] * len(ids)
+        reply = _Reply.read(generations[0], stop_ids)
+        ids, lps, turn_masks, cut = reply.ids, reply.logprobs, reply.token_masks, reply.cut
         block_starts.append(len(response_ids))
         response_ids += ids
         mask += [1] * len(ids)
         logprobs += lps
         token_masks += turn_masks
+        features += reply.features if reply.features is not None else [None] * len(ids)
         turn_ends.append(len(response_ids) - 1)
-        cut = ids[-1] not in stop_ids
         if cut:  # closed by the rollout, not by the model: mask 0
             response_ids.append(suffix.end_of_turn_id)
             mask.append(0)
@@ -265,24 +266,24 @@ async def run_episode(
             features.append(None)
 
         start = time.perf_counter()
+        others = [(_Reply.read(g, stop_ids), _copy_agent(agent)) for g in generations[1:]]
         text = tokenizer.decode(ids, skip_special_tokens=True)
-        if agent.spec.slow_steps:
-            result = await asyncio.to_thread(agent.step, text)
-        else:
-            result = agent.step(text)
+        result = await _step(agent, text)
         if distances is not None:
             distances.append(agent.goal_distance())
+        turn = _turn(reply, result, text, prompt_ids=next_prompt, context_start=window_start,
+                     observation=observation, state=state)
+        turns.append(turn)
+        if branches:
+            here = distances[-2:] if distances is not None else None
+            samples = [_one_turn(reply, dataclasses.replace(
+                turn, prompt_ids=tuple(context), context_start=0), context, here,
+                agent.success, suffix.end_of_turn_id)]
+            for other, twin in others:
+                samples.append(await _branch(other, twin, tokenizer, context, observation,
+                                             state, here, suffix.end_of_turn_id))
+            branch_samples.append(samples)
         timings["env_s"] += time.perf_counter() - start
-        turns.append(Turn(
-            prompt_ids=tuple(next_prompt), response_ids=tuple(ids), logprobs=tuple(lps),
-            reward=float(result.reward), format_ok=result.format_ok,
-            num_actions=result.num_actions, num_valid=result.num_valid_actions,
-            num_effective=result.num_effective_actions, truncated_by_length=cut, text=text,
-            context_start=window_start, observation=observation, state=state,
-            actions=tuple(result.info.get("actions", ())),
-            action_valid=tuple(result.info.get("action_valid", ())),
-            format_progress=float(result.info.get("format_progress", float(result.format_ok))),
-            token_masks=turn_masks if any(m is not None for m in turn_masks) else None))
         if result.done:
             break
         start = time.perf_counter()
@@ -305,8 +306,9 @@ async def run_episode(
         "context_exhausted": float(context_exhausted),
         "response_length": float(sum(mask)),
     }
+    name = preset or getattr(config, "name", None) or config.game
     return Trajectory(
-        preset=preset or getattr(config, "name", None) or config.game, seed=seed,
+        preset=name, seed=seed,
         group_index=group_index, prompt_ids=prompt_ids, response_ids=response_ids,
         response_mask=mask, response_logprobs=logprobs, turn_end_positions=turn_ends,
         turn_rewards=rewards, success=bool(agent.success), episode_return=float(sum(rewards)),
@@ -314,4 +316,94 @@ async def run_episode(
         response_token_masks=(token_masks if any(m is not None for m in token_masks)
                               else None),
         response_features=features if any(f is not None for f in features) else None,
-        goal_distances=distances)
+        goal_distances=distances,
+        turn_branches=[[dataclasses.replace(sample, preset=name, seed=seed,
+                                            group_index=group_index) for sample in samples]
+                       for samples in branch_samples] if branches else None)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Reply:
+    """One generation, checked: its ids, log-probs, per-token constraints (None where free),
+    features (None when the engine returns none), and whether the length limit cut it."""
+    ids: list[int]
+    logprobs: list[float]
+    token_masks: tuple
+    features: list[Any] | None
+    cut: bool
+
+    @classmethod
+    def read(cls, generated: Any, stop_ids: Sequence[int]) -> _Reply:
+        ids, lps = generated
+        ids, lps = [int(t) for t in ids], [float(x) for x in lps]
+        if len(ids) != len(lps) or not ids:
+            raise ValueError(f"llm.generate returned {len(ids)} ids and {len(lps)} logprobs")
+        masks = getattr(generated, "token_masks", None)
+        features = getattr(generated, "features", None)
+        if features is not None and len(features) != len(ids):
+            raise ValueError(f"llm.generate returned {len(features)} features for "
+                             f"{len(ids)} ids")
+        return cls(ids, lps, tuple(masks) if masks is not None else (None,) * len(ids),
+                   list(features) if features is not None else None, ids[-1] not in stop_ids)
+
+
+async def _step(agent: Agent, text: str) -> Any:
+    """``agent.step(text)``, in a worker thread for a game whose steps are slow."""
+    if agent.spec.slow_steps:
+        return await asyncio.to_thread(agent.step, text)
+    return agent.step(text)
+
+
+def _copy_agent(agent: Agent) -> Agent:
+    """The agent and its game as they stand, to play one reply on without touching them."""
+    try:
+        return copy.deepcopy(agent)
+    except Exception as error:  # an interpreter process or a handle that does not copy
+        raise ValueError(f"branches > 0 needs a game whose state copies; {agent.config.game} "
+                         f"does not ({type(error).__name__}: {error})") from error
+
+
+def _turn(reply: _Reply, result: Any, text: str, *, prompt_ids: Sequence[int],
+          context_start: int, observation: str, state: str) -> Turn:
+    masks = reply.token_masks
+    return Turn(
+        prompt_ids=tuple(prompt_ids), response_ids=tuple(reply.ids),
+        logprobs=tuple(reply.logprobs), reward=float(result.reward), format_ok=result.format_ok,
+        num_actions=result.num_actions, num_valid=result.num_valid_actions,
+        num_effective=result.num_effective_actions, truncated_by_length=reply.cut, text=text,
+        context_start=context_start, observation=observation, state=state,
+        actions=tuple(result.info.get("actions", ())),
+        action_valid=tuple(result.info.get("action_valid", ())),
+        format_progress=float(result.info.get("format_progress", float(result.format_ok))),
+        token_masks=masks if any(m is not None for m in masks) else None)
+
+
+async def _branch(reply: _Reply, twin: Agent, tokenizer: Any, context: list[int],
+                  observation: str, state: str, distances: list | None,
+                  end_of_turn_id: int) -> Trajectory:
+    """A reply the episode did not take, played one action on ``twin`` (a copy of the game)."""
+    try:
+        text = tokenizer.decode(reply.ids, skip_special_tokens=True)
+        result = await _step(twin, text)
+        after = [distances[0], twin.goal_distance()] if distances is not None else None
+        turn = _turn(reply, result, text, prompt_ids=context, context_start=0,
+                     observation=observation, state=state)
+        return _one_turn(reply, turn, context, after, twin.success, end_of_turn_id)
+    finally:
+        twin.close()
+
+
+def _one_turn(reply: _Reply, turn: Turn, context: list[int], distances: list | None,
+              success: bool, end_of_turn_id: int) -> Trajectory:
+    """A reply and its context as a one-turn trajectory (the trainer's row for it)."""
+    closing = [end_of_turn_id] if reply.cut else []
+    features = (reply.features + [None] * len(closing)) if reply.features is not None else None
+    masks = list(reply.token_masks) + [None] * len(closing)
+    return Trajectory(
+        preset="", seed=0, group_index=0, prompt_ids=list(context),
+        response_ids=reply.ids + closing, response_mask=[1] * len(reply.ids) + [0] * len(closing),
+        response_logprobs=reply.logprobs + [0.0] * len(closing),
+        turn_end_positions=[len(reply.ids) - 1], turn_rewards=[turn.reward], success=success,
+        episode_return=turn.reward, num_turns=1, turns=[turn], metrics=turn_counts([turn]),
+        response_token_masks=masks if any(m is not None for m in masks) else None,
+        response_features=features, goal_distances=list(distances) if distances else None)

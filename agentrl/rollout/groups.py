@@ -59,7 +59,7 @@ from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories",
-           "normalize_returns", "run_groups", "step_advantages"]
+           "normalize_returns", "run_groups", "step_advantages", "turn_samples"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")
@@ -80,13 +80,15 @@ async def run_groups(
     max_context_tokens: int,
     on_episode_done: Callable[[Trajectory], None] | None = None,
     goal_distances: bool = False,
+    branches: int = 0,
 ) -> list[Trajectory]:
     """Run every episode of every group concurrently; trajectories in group order.
 
     ``seeds`` gives one seed per group (default ``0..group_num-1``). ``on_episode_done`` is
     called with each trajectory as its episode ends (for progress bars), in completion order.
     ``goal_distances`` records the oracle's distance to the goal at every turn
-    (``run_episode``'s argument), for :func:`distance_shaping`.
+    (``run_episode``'s argument), for :func:`distance_shaping`; ``branches`` samples that many
+    more replies at every turn (``run_episode``'s argument), for :func:`turn_samples`.
     """
     pairs = list(presets.items()) if isinstance(presets, Mapping) else list(presets)
     if not pairs:
@@ -107,7 +109,7 @@ async def run_groups(
             jobs.append(run_episode(agent, seed, llm, tokenizer, sampling,
                                     max_context_tokens=max_context_tokens, group_index=g,
                                     preset=name, suffix=suffix,
-                                    goal_distances=goal_distances))
+                                    goal_distances=goal_distances, branches=branches))
     if on_episode_done is not None:
         jobs = [_reporting(job, on_episode_done) for job in jobs]
     try:
@@ -131,6 +133,20 @@ def group_trajectories(trajectories: Sequence[Trajectory]) -> dict[tuple, list[i
     return dict(groups)
 
 
+def turn_samples(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """Every turn's sampled replies (``Trajectory.turn_branches``) as one-turn trajectories, a
+    group of their own per turn: replies to one context, compared with each other rather than
+    whole episodes that a near-greedy policy plays alike. Group indices are renumbered so no
+    two turns share one; a trajectory without branches raises."""
+    missing = [t for t in trajectories if t.turn_branches is None]
+    if missing:
+        raise ValueError(f"episode {missing[0].preset}/{missing[0].seed} has no turn "
+                         "branches: run the rollout with branches > 0")
+    turns = [samples for t in trajectories for samples in t.turn_branches]
+    return [dataclasses.replace(sample, group_index=index)
+            for index, samples in enumerate(turns) for sample in samples]
+
+
 def _std(values: list[float]) -> float:
     return float(torch.tensor(values, dtype=torch.float64).std()) if len(values) > 1 else 0.0
 
@@ -152,13 +168,19 @@ def filter_groups(trajectories: Sequence[Trajectory], filter_ratio: float = 1.0,
 
 
 def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
-    """The groups whose members' returns differ; may be none. A group that all won or all lost
-    alike compares nothing, and a near-greedy policy replays one episode ``group_size`` times:
-    its update would follow only the critic's error, at the full cost of a forward and backward
+    """The groups whose members' returns differ (with their shaping terms, when
+    :func:`distance_shaping` ran first); may be none. A group that all won or all lost alike
+    compares nothing, and a near-greedy policy replays one episode ``group_size`` times: its
+    update would follow only the critic's error, at the full cost of a forward and backward
     pass (DAPO's dynamic sampling, without resampling)."""
     groups = group_trajectories(trajectories).values()
     return [trajectories[i] for idx in groups
-            if _std([trajectories[i].episode_return for i in idx]) > EPS for i in idx]
+            if _std([_training_return(trajectories[i]) for i in idx]) > EPS for i in idx]
+
+
+def _training_return(trajectory: Trajectory) -> float:
+    """The return training sees: the episode's, plus its shaping terms when shaped."""
+    return trajectory.episode_return + sum(trajectory.turn_shaping or ())
 
 
 def step_advantages(trajectories: Sequence[Trajectory], gamma: float = 1.0

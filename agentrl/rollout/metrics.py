@@ -29,7 +29,7 @@ from typing import Sequence
 
 from agentrl.rollout.records import EpisodeOutcome, Trajectory
 
-__all__ = ["TIMING_KEYS", "rollout_metrics"]
+__all__ = ["TIMING_KEYS", "branch_metrics", "rollout_metrics"]
 
 TIMING_KEYS = ("generate_s", "env_s", "tokenize_s")
 
@@ -74,3 +74,24 @@ def rollout_metrics(trajectories: Sequence[Trajectory | EpisodeOutcome], split: 
     for key in TIMING_KEYS:
         out[f"timing/{key}"] = _mean([t.timings.get(key, 0.0) for t in trajectories])
     return out
+
+
+def branch_metrics(samples: Sequence[Trajectory]) -> dict[str, float]:
+    """Of the turn groups of :func:`agentrl.rollout.groups.turn_samples`: ``branch/turns``
+    (groups), ``branch/distinct_replies`` (different reply texts a turn, mean) and
+    ``branch/spread`` (share of turns whose replies did not all earn the same: a reward or,
+    where recorded, a distance to the goal after them)."""
+    groups: dict[tuple, list[Trajectory]] = defaultdict(list)
+    for t in samples:
+        groups[(t.group_index, t.preset, t.seed)].append(t)
+
+    def outcome(t: Trajectory) -> tuple:
+        return (t.episode_return, (t.goal_distances or [None])[-1])
+
+    return {
+        "branch/turns": float(len(groups)),
+        "branch/distinct_replies": _mean([float(len({t.turns[0].text for t in g}))
+                                          for g in groups.values()]),
+        "branch/spread": _mean([float(len({outcome(t) for t in g}) > 1)
+                                for g in groups.values()]),
+    }

@@ -132,6 +132,11 @@ class Trajectory:
     """The normalizer's affine map ``(scale, shift)``: ``score = scale * episode_return +
     shift`` (scale 0 where the score is a constant: a clipped score, or a group without
     spread). ``to_batch(reward_placement="turn")`` maps every turn's reward with it."""
+    turn_branches: list[list["Trajectory"]] | None = None
+    """Per turn, the replies sampled at its context as one-turn trajectories, the executed
+    reply first (``run_episode(branches=K)``: K more, each played on a copy of the game); the
+    trainer compares them in a group per turn (:func:`agentrl.rollout.groups.turn_samples`).
+    None: not sampled."""
 
     def __post_init__(self):
         n = len(self.response_ids)

@@ -69,9 +69,9 @@ from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.models.precision import compute_precision
-from agentrl.rollout import (distance_shaping, drop_uniform_groups, filter_groups,
-                             normalize_returns, rollout_metrics, run_groups, step_advantages,
-                             to_batch)
+from agentrl.rollout import (branch_metrics, distance_shaping, drop_uniform_groups,
+                             filter_groups, normalize_returns, rollout_metrics, run_groups,
+                             step_advantages, to_batch, turn_samples)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers import ppo
 from agentrl.trainers.checkpoint import (
@@ -354,13 +354,22 @@ class LocalTrainer:
         with timer("rollout"):
             trajectories = self._rollout(self.train_presets, train_seeds(
                 step, config.train.group_num, config.seed), config.train.group_size,
-                self.sampling, desc=f"step {step} rollout")
+                self.sampling, desc=f"step {step} rollout", branches=config.rollout.turn_branches)
         metrics.update(rollout_metrics(trajectories, split="train"))
         self._sample_episodes(trajectories, "train", step)
         metrics.update(collapse_metrics(trajectories, self.sampling.max_new_tokens))
         with timer("filter"):
             r = config.rollout
+            if r.turn_branches:  # each turn's replies, compared with each other
+                trajectories = turn_samples(trajectories)
+                metrics.update(branch_metrics(trajectories))
+            algo = config.algorithm
+            # the discount between turns: gamma under gamma_unit=turn; a per-token gamma has no
+            # per-turn equivalent, so turns are then compared and shaped undiscounted
+            turn_gamma = algo.gamma if algo.gamma_unit == "turn" else 1.0
             kept = filter_groups(trajectories, r.filter_ratio, r.filter_mode)
+            if algo.distance_shaping:  # first: a group whose shaping differs still compares
+                kept = distance_shaping(kept, algo.distance_shaping, turn_gamma)
             if r.drop_uniform_groups:
                 kept = drop_uniform_groups(kept)
         metrics["train/kept_trajectories"] = float(len(kept))
@@ -368,14 +377,8 @@ class LocalTrainer:
             metrics.update(timer.metrics())
             return metrics
         with timer("filter"):
-            algo = config.algorithm
-            # the discount between turns: gamma under gamma_unit=turn; a per-token gamma has no
-            # per-turn equivalent, so turns are then compared and shaped undiscounted
-            turn_gamma = algo.gamma if algo.gamma_unit == "turn" else 1.0
             if algo.step_advantage_weight:
                 kept = step_advantages(kept, turn_gamma)
-            if algo.distance_shaping:
-                kept = distance_shaping(kept, algo.distance_shaping, turn_gamma)
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
@@ -392,7 +395,7 @@ class LocalTrainer:
         if self.critic is not None:
             self.critic.start_from(self.actor)
 
-    def _rollout(self, presets, seeds, group_size, sampling, desc: str):
+    def _rollout(self, presets, seeds, group_size, sampling, desc: str, branches: int = 0):
         self.llm.clear_prefix_cache()  # its keys/values are of the weights before the update
         total = len(seeds) * group_size
         with tqdm(total=total, desc=desc, unit="ep", leave=False) as bar:
@@ -401,7 +404,8 @@ class LocalTrainer:
                 group_size=group_size, seeds=seeds,
                 max_context_tokens=self.config.rollout.max_context_tokens,
                 on_episode_done=lambda _: bar.update(1),
-                goal_distances=bool(self.config.algorithm.distance_shaping)))
+                goal_distances=bool(self.config.algorithm.distance_shaping),
+                branches=branches))
 
     @torch.no_grad()
     def _score(self, batch: dict[str, torch.Tensor], timer: StageTimer, *,

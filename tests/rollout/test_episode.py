@@ -252,3 +252,78 @@ def test_goal_distances_follow_the_oracle_and_shaping_lands_on_each_turn(chatml_
     assert unasked.goal_distances is None
     with pytest.raises(ValueError, match="goal_distances=True"):
         distance_shaping([unasked], weight=1.0)
+
+
+def test_turn_branches_play_other_replies_on_copies_of_the_game(chatml_tokenizer):
+    """``branches=2``: every turn samples two more replies at the same context; each is played
+    one action on a copy of the game (a detour: no nearer the goal) while the episode goes on
+    with the first reply (the oracle's) exactly as without branches."""
+    from agentrl.rollout import branch_metrics, turn_samples
+
+    config = dataclasses.replace(PRESETS["tightBlocksworldTurnsAgent"], max_turns=6)
+    executed: list[str] = []  # the first reply of each turn: the one the episode plays
+
+    def reply(ids, call):  # calls 3k, 3k+1, 3k+2 are turn k's three replies
+        with Agent(config) as probe:
+            probe.reset(seed=3)
+            for past in executed[:call // 3]:
+                probe.step(past)
+            env = probe.env.unwrapped
+            if call % 3 == 0:
+                executed.append(probe.oracle_response())
+                return executed[-1]
+            move = next(a for a in env.valid_actions() if a != env.oracle_plan()[0])
+            return format_response([move], separator=",", think=None,
+                                   answer_format=config.answer_format)
+
+    llm = FakeLLM(chatml_tokenizer, reply)
+    with Agent(config) as agent:
+        traj = asyncio.run(run_episode(agent, 3, llm, chatml_tokenizer, SAMPLING,
+                                       max_context_tokens=8192, goal_distances=True,
+                                       branches=2, preset="blocks", group_index=5))
+    assert traj.success and len(traj.turn_branches) == traj.num_turns
+    assert len(llm.calls) == 3 * traj.num_turns
+    for k, samples in enumerate(traj.turn_branches):
+        context = llm.calls[3 * k]
+        assert [s.prompt_ids for s in samples] == [context] * 3  # the context sampled from
+        assert llm.calls[3 * k + 1] == llm.calls[3 * k + 2] == context
+        taken, *others = samples
+        assert taken.turns[0].text == traj.turns[k].text  # the executed reply comes first
+        assert taken.response_ids[:len(traj.turns[k].response_ids)] == list(
+            traj.turns[k].response_ids)
+        assert taken.goal_distances == traj.goal_distances[k:k + 2]
+        before = traj.goal_distances[k]
+        assert taken.goal_distances[1] == before - 1  # the oracle's move
+        for other in others:
+            assert other.goal_distances[0] == before and other.goal_distances[1] >= before
+            assert other.num_turns == 1 and other.turn_rewards == [other.episode_return]
+            assert (other.preset, other.seed, other.group_index) == ("blocks", 3, 5)
+    samples = turn_samples([traj])
+    assert len(samples) == 3 * traj.num_turns
+    assert [s.group_index for s in samples] == [k for k in range(traj.num_turns) for _ in "abc"]
+    metrics = branch_metrics(samples)
+    assert metrics["branch/turns"] == traj.num_turns and metrics["branch/spread"] == 1.0
+    with pytest.raises(ValueError, match="branches > 0"):
+        turn_samples([dataclasses.replace(traj, turn_branches=None)])
+
+
+def test_branches_leave_the_episode_as_it_was(chatml_tokenizer):
+    """The same replies with and without branches: the same episode, token for token."""
+    config = PRESETS["tightBlocksworldTurnsAgent"]
+    reply = lambda ids, call: format_response(  # noqa: E731
+        ["move 1 to 0"], separator=",", think=None, answer_format=config.answer_format)
+    runs = []
+    for branches in (0, 2):
+        with Agent(config) as agent:
+            runs.append(asyncio.run(run_episode(
+                agent, 7, FakeLLM(chatml_tokenizer, reply), chatml_tokenizer, SAMPLING,
+                max_context_tokens=8192, branches=branches)))
+    plain, branched = runs
+    assert plain.turn_branches is None and len(branched.turn_branches) == branched.num_turns
+    assert branched.response_ids == plain.response_ids
+    assert branched.turn_rewards == plain.turn_rewards and branched.success == plain.success
+    with pytest.raises(ValueError, match="branches must be >= 0"):
+        with Agent(config) as agent:
+            asyncio.run(run_episode(agent, 7, FakeLLM(chatml_tokenizer, reply),
+                                    chatml_tokenizer, SAMPLING, max_context_tokens=8192,
+                                    branches=-1))

@@ -57,6 +57,17 @@ def test_drop_uniform_groups_keeps_groups_whose_returns_differ():
     assert drop_uniform_groups(singles) == []
 
 
+def test_drop_uniform_groups_sees_the_shaping_terms():
+    """Equal returns, different shaping: the group still compares moves, so it is kept."""
+    import dataclasses
+
+    group = [dataclasses.replace(traj(0, -2.0), turn_shaping=[0.0, shaping])
+             for shaping in (1.0, -1.0, 1.0)]
+    assert drop_uniform_groups(group) == group
+    alike = [dataclasses.replace(t, turn_shaping=[0.5, 0.5]) for t in group]
+    assert drop_uniform_groups(alike) == []
+
+
 def test_normalize_state_mean_std_by_hand():
     scores = [t.score for t in normalize_returns(TRAJS, grouping="state", method="mean_std")]
     assert scores[:4] == [0.0] * 4  # std 0 -> zeros
