@@ -67,6 +67,8 @@ that has a PPO stage, with those config overrides on its PPO stage only (``sft_p
 the SFT stage of the recipe without the lever, so a lever row differs from ``sft_ppo`` in PPO
 alone), each in ``<--run-dir>/<recipe>@<NAME>/``, rows labelled ``recipe @NAME``: the levers of
 RL after the warm start, measured beside the recipes.
+``--lever-only`` leaves out the rows without the lever (the SFT stage still runs), for a lever
+measured against the plain rows of an earlier run.
 ``--compare VARIANT ...`` runs every recipe once per variant of the preset's agent settings
 (``KEY=VALUE[,KEY=VALUE]`` as ``agentrl eval --compare``, e.g. ``enable_think=true
 enable_think=false``), each in ``<--run-dir>/<variant>/``, rows labelled ``recipe [variant]``.
@@ -164,6 +166,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="agent settings over --preset, KEY=VALUE[,KEY=VALUE]: every "
                              "recipe runs once per variant (e.g. enable_think=true "
                              "enable_think=false)")
+    parser.add_argument("--lever-only", action="store_true",
+                        help="run only the --lever rows of the PPO recipes (their SFT stage "
+                             "still runs): the rows without the lever come from another run")
     parser.add_argument("--lever", action="append", default=[],
                         metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                         help="one more run of each chosen PPO recipe with these overrides on "
@@ -186,6 +191,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--lever {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE] with a NAME "
                          "of letters, digits and underscores")
         args.levers[name] = pairs
+    if args.lever_only and not args.levers:
+        parser.error("--lever-only needs a --lever")
     if args.levers and not any(RECIPES[r].ppo and not RECIPES[r].verl for r in args.recipes):
         parser.error("--lever needs a recipe with a PPO stage (ppo, ppo_constrained, "
                      "sft_ppo; not verl)")
@@ -600,7 +607,8 @@ def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]
     befores = {c: untrained_stage(configs, c)["after"] for c in dict.fromkeys(
         configs.decoding(name) for name in args.recipes if not RECIPES[name].verl)}
     configs.before = befores
-    rows = [(name, None) for name in args.recipes] + [
+    rows = [(name, None) for name in args.recipes
+            if not (args.lever_only and RECIPES[name].ppo)] + [
         (name, lever) for lever in args.levers.items() for name in args.recipes
         if RECIPES[name].ppo and not RECIPES[name].verl]
     runs: dict[str, list[dict[str, Any]]] = {}

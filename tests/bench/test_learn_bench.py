@@ -76,6 +76,14 @@ def test_a_lever_changes_the_ppo_stage_alone(bench, tmp_path, one_torch_thread):
     assert "lever" not in plain["stages"][1]["settings"]
     assert (tmp_path / "runs" / "sft_ppo@hot" / "seed_0" / "stage.json").is_file()
 
+    alone = tmp_path / "alone"  # --lever-only: the lever's row, without the plain PPO run
+    args = [str(alone) if a == str(tmp_path / "runs") else a
+            for a in smoke_args(tmp_path, "--lever", "hot=rollout.temperature=2.0")]
+    result = bench.main([*args, "--lever-only"])
+    assert [row["label"] for row in result["summary"]] == ["untrained", "sft_ppo @hot"]
+    assert (alone / "sft" / "seed_0" / "stage.json").is_file()
+    assert not (alone / "sft_ppo").exists()
+
 
 def test_levers_are_checked(bench, capsys):
     for bad in ("hot", "hot=", "two words=rollout.temperature=2", "hot=temperature"):
@@ -85,6 +93,9 @@ def test_levers_are_checked(bench, capsys):
     with pytest.raises(SystemExit):
         bench.parse_args(["--recipes", "sft", "--lever", "hot=rollout.temperature=2"])
     assert "needs a recipe with a PPO stage" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--lever-only"])
+    assert "--lever-only needs a --lever" in capsys.readouterr().err
     assert bench.parse_args(["--lever", "a=x.y=1,x.z=2"]).levers == {"a": ["x.y=1", "x.z=2"]}
 
 
