@@ -479,8 +479,7 @@ def verl_stage(configs: Configs, seed: int) -> dict[str, Any]:
     plan = verl_plan(configs, seed)
     start = time.perf_counter()
     sft_s = verl_sft(python, folder, plan)
-    output, ppo_s = run_child(VERL.ppo_command(python, folder, plan, VERL.sft_model(folder)),
-                              folder / "ppo.log")
+    output, ppo_s = verl_ppo(python, folder, plan)
     after = evaluate_model(configs.build(constrained=True, seed=seed,
                                          model=str(VERL.actor_model(folder, args.steps))))
     records = read_metrics(folder / "ppo" / "metrics.jsonl")
@@ -511,6 +510,25 @@ def verl_sft(python: str, folder: Path, plan: Any) -> float:
     _, seconds = run_child(VERL.sft_command(python, folder, plan), folder / "sft.log")
     record.write_text(json.dumps({"plan": same, "seconds": seconds}))
     return seconds
+
+
+def verl_ppo(python: str, folder: Path, plan: Any) -> tuple[str, float]:
+    """verl's PPO run of the stage from its SFT model, or the one a stopped stage finished with
+    the same plan (its record, ``ppo/finished.json``, is written after it exits cleanly, while
+    the actor's last folder is kept; a failed evaluation then does not train again); its
+    console and seconds."""
+    same = json.loads(json.dumps(plan._asdict()))
+    record, log = folder / "ppo" / "finished.json", folder / "ppo.log"
+    try:
+        kept = VERL.actor_model(folder, plan.steps).is_dir()
+    except FileNotFoundError:
+        kept = False
+    if kept and record.is_file() and json.loads(record.read_text())["plan"] == same:
+        return log.read_text(), json.loads(record.read_text())["seconds"]
+    output, seconds = run_child(VERL.ppo_command(python, folder, plan, VERL.sft_model(folder)),
+                                log)
+    record.write_text(json.dumps({"plan": same, "seconds": seconds}))
+    return output, seconds
 
 
 def run_child(command: list[str], log: Path) -> tuple[str, float]:

@@ -118,6 +118,27 @@ def test_a_failed_verl_run_stops_the_recipe_and_a_rerun_keeps_its_finished_sft(
         bench.main(recipe_args(tmp_path, "--seeds", "2", "--only-seed", "1"))
 
 
+def test_a_failed_evaluation_keeps_the_finished_verl_runs(bench, fake_verl, tmp_path,
+                                                         monkeypatch, one_torch_thread):
+    """verl's PPO finished but the evaluation after it failed: a rerun evaluates the kept actor
+    from the runs' records and consoles, training nothing again."""
+    def broken(config):
+        raise RuntimeError("evaluation failed")
+
+    real = bench.evaluate_model
+    monkeypatch.setattr(bench, "evaluate_model", lambda config: (
+        real(config) if config.model.name in ("tiny_vllm", "tiny-vllm") else broken(config)))
+    with pytest.raises(RuntimeError, match="evaluation failed"):
+        bench.main(recipe_args(tmp_path))
+    folder = tmp_path / "runs" / "verl" / "seed_0"
+    assert json.loads((folder / "ppo" / "finished.json").read_text())["plan"]["steps"] == 2
+    monkeypatch.setattr(bench, "evaluate_model", real)
+    fake_verl.write_text("#!/bin/sh\nexit 1\n")   # neither verl run may start again
+    stage = bench.main(recipe_args(tmp_path))["runs"]["verl (history_window=0)"][0]["stages"][0]
+    assert stage["steps"] == 2 and stage["timings"]["per_step"]["2"]["timing_s/step"] == 23.0
+    assert stage["after"]["episodes"] == 2
+
+
 def test_the_recipe_is_asked_for_and_refuses_a_deadline(bench, capsys):
     assert "verl" not in bench.parse_args([]).recipes
     with pytest.raises(SystemExit):
