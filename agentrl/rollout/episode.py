@@ -196,6 +196,8 @@ async def run_episode(
     if branches < 0:
         raise ValueError(f"branches must be >= 0, got {branches}")
     config = agent.config
+    name = preset or getattr(config, "name", None) or config.game
+    identity = (name, seed, group_index)  # the episode's, on its turns' one-turn samples too
     suffix = suffix or ChatSuffix(tokenizer)
     # every end-of-sequence id of the template, the tokenizer and the engine ends a reply
     stop_ids = list(dict.fromkeys([*end_of_turn_ids(tokenizer),
@@ -276,12 +278,12 @@ async def run_episode(
         turns.append(turn)
         if branches:
             here = distances[-2:] if distances is not None else None
-            samples = [_one_turn(reply, dataclasses.replace(
+            samples = [_one_turn(identity, reply, dataclasses.replace(
                 turn, prompt_ids=tuple(context), context_start=0), context, here,
                 agent.success, suffix.end_of_turn_id)]
             for other, twin in others:
-                samples.append(await _branch(other, twin, tokenizer, context, observation,
-                                             state, here, suffix.end_of_turn_id))
+                samples.append(await _branch(identity, other, twin, tokenizer, context,
+                                             observation, state, here, suffix.end_of_turn_id))
             branch_samples.append(samples)
         timings["env_s"] += time.perf_counter() - start
         if result.done:
@@ -306,7 +308,6 @@ async def run_episode(
         "context_exhausted": float(context_exhausted),
         "response_length": float(sum(mask)),
     }
-    name = preset or getattr(config, "name", None) or config.game
     return Trajectory(
         preset=name, seed=seed,
         group_index=group_index, prompt_ids=prompt_ids, response_ids=response_ids,
@@ -316,10 +317,7 @@ async def run_episode(
         response_token_masks=(token_masks if any(m is not None for m in token_masks)
                               else None),
         response_features=features if any(f is not None for f in features) else None,
-        goal_distances=distances,
-        turn_branches=[[dataclasses.replace(sample, preset=name, seed=seed,
-                                            group_index=group_index) for sample in samples]
-                       for samples in branch_samples] if branches else None)
+        goal_distances=distances, turn_branches=branch_samples if branches else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -378,7 +376,8 @@ def _turn(reply: _Reply, result: Any, text: str, *, prompt_ids: Sequence[int],
         token_masks=masks if any(m is not None for m in masks) else None)
 
 
-async def _branch(reply: _Reply, twin: Agent, tokenizer: Any, context: list[int],
+async def _branch(identity: tuple[str, int, int], reply: _Reply, twin: Agent, tokenizer: Any,
+                  context: list[int],
                   observation: str, state: str, distances: list | None,
                   end_of_turn_id: int) -> Trajectory:
     """A reply the episode did not take, played one action on ``twin`` (a copy of the game)."""
@@ -388,19 +387,21 @@ async def _branch(reply: _Reply, twin: Agent, tokenizer: Any, context: list[int]
         after = [distances[0], twin.goal_distance()] if distances is not None else None
         turn = _turn(reply, result, text, prompt_ids=context, context_start=0,
                      observation=observation, state=state)
-        return _one_turn(reply, turn, context, after, twin.success, end_of_turn_id)
+        return _one_turn(identity, reply, turn, context, after, twin.success, end_of_turn_id)
     finally:
         twin.close()
 
 
-def _one_turn(reply: _Reply, turn: Turn, context: list[int], distances: list | None,
-              success: bool, end_of_turn_id: int) -> Trajectory:
-    """A reply and its context as a one-turn trajectory (the trainer's row for it)."""
+def _one_turn(identity: tuple[str, int, int], reply: _Reply, turn: Turn, context: list[int],
+              distances: list | None, success: bool, end_of_turn_id: int) -> Trajectory:
+    """A reply and its context as a one-turn trajectory (the trainer's row for it), with the
+    episode's ``(preset, seed, group_index)``."""
+    preset, seed, group_index = identity
     closing = [end_of_turn_id] if reply.cut else []
     features = (reply.features + [None] * len(closing)) if reply.features is not None else None
     masks = list(reply.token_masks) + [None] * len(closing)
     return Trajectory(
-        preset="", seed=0, group_index=0, prompt_ids=list(context),
+        preset=preset, seed=seed, group_index=group_index, prompt_ids=list(context),
         response_ids=reply.ids + closing, response_mask=[1] * len(reply.ids) + [0] * len(closing),
         response_logprobs=reply.logprobs + [0.0] * len(closing),
         turn_end_positions=[len(reply.ids) - 1], turn_rewards=[turn.reward], success=success,

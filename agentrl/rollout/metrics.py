@@ -27,6 +27,7 @@ from __future__ import annotations
 from collections import defaultdict
 from typing import Sequence
 
+from agentrl.rollout.groups import group_trajectories
 from agentrl.rollout.records import EpisodeOutcome, Trajectory
 
 __all__ = ["TIMING_KEYS", "branch_metrics", "rollout_metrics"]
@@ -81,9 +82,8 @@ def branch_metrics(samples: Sequence[Trajectory]) -> dict[str, float]:
     (groups), ``branch/distinct_replies`` (different reply texts a turn, mean) and
     ``branch/spread`` (share of turns whose replies did not all earn the same: a reward or,
     where recorded, a distance to the goal after them)."""
-    groups: dict[tuple, list[Trajectory]] = defaultdict(list)
-    for t in samples:
-        groups[(t.group_index, t.preset, t.seed)].append(t)
+    groups = {key: [samples[i] for i in idx]
+              for key, idx in group_trajectories(samples).items()}
 
     def outcome(t: Trajectory) -> tuple:
         return (t.episode_return, (t.goal_distances or [None])[-1])

@@ -500,33 +500,35 @@ def verl_stage(configs: Configs, seed: int) -> dict[str, Any]:
 
 def verl_sft(python: str, folder: Path, plan: Any) -> float:
     """verl's SFT run of the stage, or the one a stopped stage finished with the same plan but
-    ``--steps`` (its record, ``sft/finished.json``, is written after it exits cleanly); its
-    seconds."""
-    same = json.loads(json.dumps({k: v for k, v in plan._asdict().items() if k != "steps"}))
-    record = folder / "sft" / "finished.json"
+    ``--steps`` (:func:`finished_run`, ``sft/finished.json``); its seconds."""
+    same = {k: v for k, v in plan._asdict().items() if k != "steps"}
     kept = any((folder / "sft" / "verl").glob("global_step_*/huggingface"))
-    if kept and record.is_file() and json.loads(record.read_text())["plan"] == same:
-        return json.loads(record.read_text())["seconds"]
-    _, seconds = run_child(VERL.sft_command(python, folder, plan), folder / "sft.log")
-    record.write_text(json.dumps({"plan": same, "seconds": seconds}))
-    return seconds
+    return finished_run(VERL.sft_command(python, folder, plan), folder / "sft.log",
+                        folder / "sft" / "finished.json", same, kept)[1]
 
 
 def verl_ppo(python: str, folder: Path, plan: Any) -> tuple[str, float]:
     """verl's PPO run of the stage from its SFT model, or the one a stopped stage finished with
-    the same plan (its record, ``ppo/finished.json``, is written after it exits cleanly, while
-    the actor's last folder is kept; a failed evaluation then does not train again); its
-    console and seconds."""
-    same = json.loads(json.dumps(plan._asdict()))
-    record, log = folder / "ppo" / "finished.json", folder / "ppo.log"
+    the same plan while the actor's last folder is kept (:func:`finished_run`,
+    ``ppo/finished.json``: a failed evaluation then does not train again); its console and
+    seconds."""
     try:
         kept = VERL.actor_model(folder, plan.steps).is_dir()
     except FileNotFoundError:
         kept = False
+    return finished_run(VERL.ppo_command(python, folder, plan, VERL.sft_model(folder)),
+                        folder / "ppo.log", folder / "ppo" / "finished.json", plan._asdict(),
+                        kept)
+
+
+def finished_run(command: list[str], log: Path, record: Path, plan: dict[str, Any],
+                 kept: bool) -> tuple[str, float]:
+    """A child run's console and seconds: read back when ``record`` (written after the run
+    exits cleanly) holds the same ``plan`` and its output is ``kept``, else run now."""
+    same = json.loads(json.dumps(plan))
     if kept and record.is_file() and json.loads(record.read_text())["plan"] == same:
         return log.read_text(), json.loads(record.read_text())["seconds"]
-    output, seconds = run_child(VERL.ppo_command(python, folder, plan, VERL.sft_model(folder)),
-                                log)
+    output, seconds = run_child(command, log)
     record.write_text(json.dumps({"plan": same, "seconds": seconds}))
     return output, seconds
 
