@@ -78,17 +78,30 @@ def _check_local_only_features(config: Any) -> None:
 
 
 def _check_history_windows(config: Any) -> None:
+    """Context windows need verl's V1 trainer (one row per window, :mod:`agentrl.verl.windows`)
+    and returns that per-row GAE reproduces: λ 1, and γ 1 per token (a turn discount is
+    carried by the reshaped turn rewards)."""
     windowed = sorted(name for name in dict.fromkeys(config.train.presets + config.val.presets)
                       if config.agents[name].history_window > 0)
-    if windowed:
-        raise ValueError(f"agents.{windowed[0]}.history_window="
-                         f"{config.agents[windowed[0]].history_window} is not allowed with "
-                         "backend='verl': a reply must be trained on the context it was "
-                         "sampled from, which takes one training row per context window, "
-                         "and verl's legacy trainer takes one row per episode (its V1 "
-                         "trainer's rows would each run GAE alone, cutting the episode's "
-                         "credit at every window); allowed: 0 (all turns; on verl the "
-                         "response budget, not a dropped turn, ends a long episode)")
+    if not windowed:
+        return
+    first = f"agents.{windowed[0]}.history_window={config.agents[windowed[0]].history_window}"
+    if config.verl.trainer != "v1":
+        raise ValueError(f"{first} is not allowed with verl.trainer={config.verl.trainer!r}: a "
+                         "reply must be trained on the context it was sampled from, which takes "
+                         "one training row per context window, and verl's legacy trainer takes "
+                         "one row per episode; allowed: verl.trainer=v1 (one row per window), "
+                         "or history_window 0 (all turns; on verl the response budget, not a "
+                         "dropped turn, ends a long episode)")
+    a = config.algorithm
+    if a.lam != 1.0:
+        raise ValueError(f"algorithm.lam={a.lam} is not allowed with {first} on verl: verl's "
+                         "V1 trainer runs GAE on each window's row alone, so only lam 1 gives "
+                         "the whole episode's returns; allowed: 1.0")
+    if a.gamma_unit != "turn" and a.gamma != 1.0:
+        raise ValueError(f"algorithm.gamma={a.gamma} is not allowed with {first} on verl and "
+                         f"algorithm.gamma_unit={a.gamma_unit!r}: a token discount cannot reach "
+                         "across windows' rows; allowed: 1.0, or algorithm.gamma_unit=turn")
 
 
 def _check_cluster(config: Any) -> None:

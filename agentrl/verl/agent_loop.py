@@ -38,12 +38,17 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   max_context_tokens - first prompt)``: each reply may use what is left of it, and the episode
   ends (like a turn limit) when the next observation plus one reply token would not fit, as
   verl's ``ToolAgentLoop`` does. So the response always fits and the context never overflows
-  (``run_episode``'s drop-oldest-turns rule never fires). A task whose preset has
-  ``history_window > 0`` is refused: its replies would be sampled from shortened contexts but
-  trained on the whole episode, one verl row (the local engine trains one row per context
-  window; verl's legacy trainer takes one row per episode, and V1's several rows would each
-  run GAE alone).
-  A reply cut by ``max_tokens`` is closed by ``run_episode`` with a mask-0 end-of-turn token.
+  (``run_episode``'s drop-oldest-turns rule never fires).
+- **Context windows** (a preset with ``history_window > 0``; V1 trainer only, the legacy one
+  refuses the task): older turns leave the context as on the local engine, and the loop
+  returns one row per context window (:func:`window_outputs`, :mod:`agentrl.verl.windows`):
+  each row's prompt is the context its replies were sampled from, and its last model token
+  also carries the later rows' rewards, so verl's per-row GAE at γ = λ = 1 gives the whole
+  episode's returns. The context is capped so every row fits ``prompt_length`` and
+  ``response_length`` (:func:`~agentrl.verl.windows.windowed_context_tokens`); the cap, not
+  the response budget, ends a windowed episode whose newest turn no longer fits.
+- **Cut replies.** A reply cut by ``max_tokens`` is closed by ``run_episode`` with a mask-0
+  end-of-turn token.
 - **Rewards.** verl trains on the whole ``rm_scores`` tensor (V1: ``token_level_scores =
   rm_scores``; legacy: ``extract_reward``), so the loop writes it per token: ``"turn"``
   placement puts each turn's reward on that turn's last model token, ``"last"`` the episode
@@ -75,6 +80,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import sys
 import threading
 import uuid
 from collections.abc import Mapping
@@ -98,7 +104,7 @@ from agentrl.agents import Agent
 from agentrl.engines import SamplingParams
 from agentrl.engines.constrained import TokenTexts
 from agentrl.models.templates import end_of_turn_ids
-from agentrl.rollout import ChatSuffix, Trajectory, run_episode
+from agentrl.rollout import ChatSuffix, TrainingSample, Trajectory, run_episode
 from agentrl.rollout.batch import kept_turns, token_rewards
 from agentrl.rollout.episode_record import episode_record
 from agentrl.verl import AGENT_NAME
@@ -113,11 +119,12 @@ from agentrl.verl.episodes import VerlEpisodeLog
 from agentrl.verl.metrics import EpisodeMetricsLog
 from agentrl.verl.returns import TRUNCATED, patch_compute_advantage
 from agentrl.verl.server_llm import ServerLLM
+from agentrl.verl.windows import window_rewards, window_samples, windowed_context_tokens
 
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
     "GameAgentLoopOutput", "GameAgentLoopWorker", "ResponseBudget", "ServerLLM",
-    "episode_output", "generation_config", "open_episode", "verl_overrides",
+    "episode_output", "generation_config", "open_episode", "verl_overrides", "window_outputs",
 ]
 
 """The name rows select the loop by (``agent_name`` column)."""
@@ -128,6 +135,8 @@ EPISODE_INFO = "agentrl_episode"
 EPISODE_RECORD = "agentrl_episode_record"
 """``extra_fields`` key: the episode's record (:mod:`agentrl.rollout.episode_record`); the
 manager removes it from the batch."""
+WINDOW = "agentrl_window"
+"""``extra_fields`` key of a windowed episode's rows: ``[position, rows]``."""
 REWARD_EXTRA_KEYS = ("success", "episode_return", "turns")
 """``extra_fields["reward_extra_info"]``'s keys, the same for every episode (verl stacks them)."""
 
@@ -193,40 +202,73 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
                    num_preempted: int = -1, budget_exhausted: bool = False,
                    index: int | None = None, constraint_violations: int = 0
                    ) -> GameAgentLoopOutput:
-    """verl's output record of one episode (see the module docstring). ``extra_fields``
-    carries the episode's outcome (``EPISODE_INFO``) with its task row's ``index``, which
-    :class:`GameAgentLoopManager` turns into our metrics. A constrained episode's token masks
-    travel in ``extra_fields[MASKS_FIELD]`` (:class:`~agentrl.verl.constrained.RowMasks`;
-    None when unconstrained), for the trainer's masked engine.
+    """verl's output record of one episode as one row (see the module docstring).
+    ``extra_fields`` carries the episode's outcome (``EPISODE_INFO``) with its task row's
+    ``index``, which :class:`GameAgentLoopManager` turns into our metrics. A constrained
+    episode's token masks travel in ``extra_fields[MASKS_FIELD]``
+    (:class:`~agentrl.verl.constrained.RowMasks`; None when unconstrained), for the trainer's
+    masked engine.
 
     The response is cut after the last model token (no trailing observation, no closing token
     of a cut final reply) and to ``response_length``.
     """
     end = min(response_length, trajectory.turn_end_positions[-1] + 1)
     rewards = token_rewards(trajectory, reward_placement, end, turn_gamma=turn_gamma)
+    row = TrainingSample(trajectory, list(trajectory.prompt_ids), 0, end)
+    return _row_output(row, rewards, _episode_fields(
+        trajectory, server_fields, budget_exhausted, index, constraint_violations),
+        with_logprobs=with_logprobs, num_preempted=num_preempted)
+
+
+def window_outputs(trajectory: Trajectory, *, reward_placement: str, with_logprobs: bool,
+                   turn_gamma: float = 1.0, server_fields: Mapping[str, Any] | None = None,
+                   num_preempted: int = -1, index: int | None = None,
+                   constraint_violations: int = 0) -> list[GameAgentLoopOutput]:
+    """verl's output records of one episode as one row per context window (V1 trainer,
+    :mod:`agentrl.verl.windows`): each row's prompt is the context its replies were sampled
+    from, and its last model token also carries the later rows' rewards. Every row carries the
+    episode's outcome and record, with ``extra_fields["agentrl_window"]`` its place."""
+    samples = window_samples(trajectory)
+    fields = _episode_fields(trajectory, server_fields, False, index, constraint_violations)
+    return [_row_output(sample, rewards, {**fields, WINDOW: [position, len(samples)]},
+                        with_logprobs=with_logprobs, num_preempted=num_preempted)
+            for position, (sample, rewards) in enumerate(zip(
+                samples, window_rewards(samples, reward_placement, turn_gamma)))]
+
+
+def _episode_fields(trajectory: Trajectory, server_fields: Mapping[str, Any] | None,
+                    budget_exhausted: bool, index: int | None, constraint_violations: int
+                    ) -> dict[str, Any]:
+    """The ``extra_fields`` every row of an episode shares."""
     outcome = trajectory.outcome()
     if budget_exhausted:  # on verl the response budget is the context that ran out
         outcome.metrics["context_exhausted"] = 1.0
     if constraint_violations:
         outcome.metrics["constraint_violations"] = float(constraint_violations)
-    masks = trajectory.response_token_masks
-    info = {**outcome.to_dict(), "index": index}
+    return {**(server_fields or {}), "tool_rewards": [],
+            EPISODE_INFO: {**outcome.to_dict(), "index": index},
+            TRUNCATED: bool(budget_exhausted), "reward_extra_info": reward_extra_info(outcome),
+            EPISODE_RECORD: episode_record(trajectory, split="")}
+
+
+def _row_output(row: TrainingSample, rewards: list[float], fields: dict[str, Any], *,
+                with_logprobs: bool, num_preempted: int) -> GameAgentLoopOutput:
+    """One verl row: ``row``'s tokens with ``rewards`` on them."""
+    trajectory, masks = row.trajectory, row.response_token_masks
     return GameAgentLoopOutput(
-        prompt_ids=list(trajectory.prompt_ids),
-        response_ids=list(trajectory.response_ids[:end]),
-        response_mask=list(trajectory.response_mask[:end]),
-        response_logprobs=list(trajectory.response_logprobs[:end]) if with_logprobs else None,
+        prompt_ids=list(row.prompt_ids),
+        response_ids=list(row.response_ids),
+        response_mask=list(row.response_mask),
+        response_logprobs=list(row.response_logprobs) if with_logprobs else None,
         reward_score=float(sum(rewards)),
         num_turns=2 * trajectory.num_turns,  # opening + replies + observations between them
         metrics=AgentLoopMetrics(generate_sequences=trajectory.timings.get("generate_s", 0.0),
                                  tool_calls=trajectory.timings.get("env_s", 0.0),
                                  num_preempted=num_preempted),
-        extra_fields={**(server_fields or {}), TOKEN_REWARDS: rewards,
-                      "turn_scores": [reward for _, reward in kept_turns(trajectory, end)],
-                      "tool_rewards": [], EPISODE_INFO: info, TRUNCATED: bool(budget_exhausted),
-                      "reward_extra_info": reward_extra_info(outcome),
-                      MASKS_FIELD: RowMasks.pack(None if masks is None else masks[:end]),
-                      EPISODE_RECORD: episode_record(trajectory, split="")},
+        extra_fields={**fields, TOKEN_REWARDS: rewards,
+                      "turn_scores": [reward for end, reward in kept_turns(trajectory, row.end)
+                                      if end >= row.start],
+                      MASKS_FIELD: RowMasks.pack(masks)},
     )
 
 
@@ -265,13 +307,24 @@ class GameAgentLoop(AgentLoopBase):
     """Plays one game episode per trajectory (verl makes a new instance for each)."""
 
     async def run(self, sampling_params: dict[str, Any], priority: int = 0, **kwargs
-                  ) -> GameAgentLoopOutput:
-        task = EpisodeTask.from_extra_info(kwargs.get("extra_info"))
+                  ) -> GameAgentLoopOutput | list[GameAgentLoopOutput]:
+        windows_allowed = bool(getattr(self.config.trainer, "use_v1", False))
+        task = EpisodeTask.from_extra_info(kwargs.get("extra_info"), windows=windows_allowed)
+        windowed = task.agent_config.history_window > 0
         rollout = self.rollout_config
         suffix = ChatSuffix(self.tokenizer)
         agent, opening, prompt_ids = await asyncio.to_thread(open_episode, task, suffix)
         try:
+            max_new = task.agent_config.max_response_tokens
             budget = ResponseBudget(self._response_budget(task, len(prompt_ids)))
+            # room for the whole budget: the budget, not a dropped turn, ends the episode;
+            # windowed, the context cap ends it, and every window's row fits verl's tensors
+            max_context = len(prompt_ids) + budget.total + max_new
+            if windowed:
+                budget = ResponseBudget(sys.maxsize)
+                max_context = windowed_context_tokens(
+                    len(prompt_ids), task.max_context_tokens, rollout.prompt_length,
+                    rollout.response_length, max_new)
             deterministic = bool(getattr(rollout, "full_determinism", False))
             model_path = self.config.actor_rollout_ref.model.path
             constrained = processor_configured(rollout)
@@ -282,27 +335,26 @@ class GameAgentLoop(AgentLoopBase):
                             texts=(await asyncio.to_thread(TokenTexts.of, self.tokenizer)
                                    if constrained else None),
                             width=logits_width(model_path) if constrained else 0)
-            max_new = task.agent_config.max_response_tokens
             trajectory = await run_episode(
                 BudgetedAgent(agent, task.seed, opening, budget, suffix), task.seed, llm,
                 self.tokenizer, SamplingParams(max_new_tokens=max_new,
                                                constrained_actions=constrained),
-                # room for the whole budget: the budget, not a dropped turn, ends the episode
-                max_context_tokens=len(prompt_ids) + budget.total + max_new,
-                preset=task.preset, suffix=suffix)
+                max_context_tokens=max_context, preset=task.preset, suffix=suffix)
         finally:
             agent.close()
-        if len(trajectory.response_ids) != budget.used:
+        if not windowed and len(trajectory.response_ids) != budget.used:
             raise RuntimeError(f"{AGENT_NAME}: the episode's response has "
                                f"{len(trajectory.response_ids)} tokens but its budget counted "
                                f"{budget.used}; run_episode's token rules changed")
-        return episode_output(
-            trajectory, response_length=rollout.response_length,
-            reward_placement=task.reward_placement, turn_gamma=task.turn_gamma,
-            with_logprobs=bool(sampling_params.get("logprobs")), server_fields=llm.server_fields,
-            num_preempted=llm.num_preempted, budget_exhausted=budget.exhausted,
-            index=row_index(kwargs.get("extra_info")),
-            constraint_violations=llm.constraint_violations)
+        shared = {"reward_placement": task.reward_placement, "turn_gamma": task.turn_gamma,
+                  "with_logprobs": bool(sampling_params.get("logprobs")),
+                  "server_fields": llm.server_fields, "num_preempted": llm.num_preempted,
+                  "index": row_index(kwargs.get("extra_info")),
+                  "constraint_violations": llm.constraint_violations}
+        if windowed:
+            return window_outputs(trajectory, **shared)
+        return episode_output(trajectory, response_length=rollout.response_length,
+                              budget_exhausted=budget.exhausted, **shared)
 
     def _response_budget(self, task: EpisodeTask, prompt_tokens: int) -> int:
         """min(response_length, max_context_tokens - first prompt); the first prompt must fit

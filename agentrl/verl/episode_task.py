@@ -49,8 +49,10 @@ class EpisodeTask:
     returns (:func:`agentrl.rollout.batch.discounted_turn_rewards`)."""
 
     @classmethod
-    def from_extra_info(cls, extra_info: Any) -> EpisodeTask:
-        """Parse and check ``extra_info``; a bad field raises ValueError naming it."""
+    def from_extra_info(cls, extra_info: Any, *, windows: bool = False) -> EpisodeTask:
+        """Parse and check ``extra_info``; a bad field raises ValueError naming it. A preset
+        with ``history_window > 0`` needs ``windows`` (verl's V1 trainer, which takes one row
+        per context window: :mod:`agentrl.verl.windows`)."""
         if not isinstance(extra_info, Mapping):
             raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
                 f"{AGENT_NAME}: the task row's extra_info must be a mapping with "
@@ -71,11 +73,11 @@ class EpisodeTask:
             raise ValueError(f"{AGENT_NAME}: extra_info.reward_placement={placement!r} is not "
                              f"allowed; allowed: {list(REWARD_PLACEMENTS)}")
         config = _agent_config(preset, extra_info["agent_config"])
-        if config.history_window > 0:
+        if config.history_window > 0 and not windows:
             raise ValueError(f"{AGENT_NAME}: preset {preset!r} has history_window="
-                             f"{config.history_window}; not allowed on verl (a reply must be "
-                             "trained on the context it was sampled from, and verl trains one "
-                             "row per episode); allowed: 0")
+                             f"{config.history_window}; not allowed on verl's legacy trainer (a "
+                             "reply must be trained on the context it was sampled from, and it "
+                             "trains one row per episode); allowed: 0, or trainer.use_v1=true")
         turn_gamma = extra_info.get("turn_gamma", 1.0)
         number = isinstance(turn_gamma, (int, float, np.floating)) and not isinstance(turn_gamma, bool)
         if not number or not 0.0 <= turn_gamma <= 1.0:

@@ -223,6 +223,9 @@ def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch):
 
 # -- config errors of the verl section -------------------------------------------------------------
 GPU = ["hardware=a100", "model=qwen_halfb"]
+WINDOWED = [*GPU, "verl.trainer=v1", "train.presets=[simpleSokobanAgent]",
+            "val.presets=[simpleSokobanAgent]", "agents.simpleSokobanAgent.history_window=2",
+            "algorithm.lam=1.0", "algorithm.gamma=1.0"]
 
 
 @pytest.mark.parametrize("overrides, message", [
@@ -246,7 +249,12 @@ GPU = ["hardware=a100", "model=qwen_halfb"]
     ([*GPU, "algorithm.gamma_unit=turn", "algorithm.lam=0.95"],
      r"algorithm.lam=0.95 is not allowed with algorithm.gamma_unit=.turn. on backend=.verl."),
     ([*GPU, "train.presets=[simpleSokobanAgent]", "agents.simpleSokobanAgent.history_window=2"],
-     r"agents.simpleSokobanAgent.history_window=2 is not allowed with backend='verl'.*context"),
+     r"agents.simpleSokobanAgent.history_window=2 is not allowed with verl.trainer='legacy'.*"
+     r"allowed: verl.trainer=v1"),
+    ([*WINDOWED, "algorithm.lam=0.95"],
+     r"algorithm.lam=0.95 is not allowed with agents.simpleSokobanAgent.history_window=2"),
+    ([*WINDOWED, "algorithm.gamma=0.99"], r"algorithm.gamma=0.99 is not allowed with agents."
+     r"simpleSokobanAgent.history_window=2 .*allowed: 1.0, or algorithm.gamma_unit=turn"),
 ])
 def test_verl_section_errors_name_the_key(overrides, message):
     with pytest.raises(ValueError, match=message):
@@ -269,6 +277,13 @@ def test_the_embedded_model_goes_to_verl_as_its_converted_folder(tmp_path):
     assert folder == embedded_model_folder() and folder.is_absolute()
     assert json.loads((folder / "config.json").read_text())["architectures"] == ["LlamaForCausalLM"]
     assert (folder / "model.safetensors").exists() and (folder / "chat_template.jinja").exists()
+
+
+def test_context_windows_run_on_verls_v1_trainer_with_whole_episode_returns():
+    config = compose_config(WINDOWED)
+    assert config.agents["simpleSokobanAgent"].history_window == 2
+    turn = compose_config([*WINDOWED, "algorithm.gamma_unit=turn", "algorithm.gamma=0.9"])
+    assert turn.algorithm.gamma == 0.9  # a turn discount rides in the reshaped turn rewards
 
 
 def test_constrained_actions_default_on_locally_off_on_verl():
