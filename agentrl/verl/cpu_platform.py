@@ -324,7 +324,8 @@ def verl_overrides() -> list[str]:
     sync loads into). vLLM's model runner runs inside its engine-core process (executor
     ``uni``, :data:`VLLM_MULTIPROCESSING` off) instead of a process of its own, which would
     import vLLM and torch once more before the first step (~9 s of start-up on 2 cores, the
-    same samples: docs/results/speed.md)."""
+    same samples: docs/results/speed.md). The V1 trainer's TransferQueue keeps one storage
+    unit."""
     actor, rollout = "actor_rollout_ref.actor", "actor_rollout_ref.rollout"
     fp32 = "{param_dtype:fp32,reduce_dtype:fp32,buffer_dtype:fp32}"
     return [
@@ -343,6 +344,9 @@ def verl_overrides() -> list[str]:
         f"{rollout}.max_num_seqs=16",
         f"+{rollout}.engine_kwargs.vllm.distributed_executor_backend=uni",
         "data.dataloader_num_workers=0",
+        # V1 trainer (TransferQueue): one storage actor, not 8 (each is a Python process of
+        # ~0.45 GiB); ignored by the legacy trainer
+        "transfer_queue.backend.SimpleStorage.num_data_storage_units=1",
     ]
 
 
