@@ -193,6 +193,8 @@ class GameAgentLoopOutput(AgentLoopOutput):
     def as_dict(self) -> dict[str, Any]:
         output = super().as_dict()
         output["rm_scores"] = torch.tensor(self.extra_fields[TOKEN_REWARDS], dtype=torch.float32)
+        # V1 stores extra_fields as one dict per row: the masked engine reads a field of its own
+        output[MASKS_FIELD] = output["extra_fields"].pop(MASKS_FIELD, None)
         return output
 
 

@@ -153,8 +153,6 @@ INCOMPATIBLE = (
      "speculative decoding: vLLM refuses custom logits processors with it"),
     ("actor_rollout_ref.rollout.engine_kwargs.vllm.speculative_config", lambda v: v is not None,
      None, "speculative decoding: vLLM refuses custom logits processors with it"),
-    ("trainer.use_v1", lambda v: bool(v), False,
-     "only the legacy trainer's path of the masks (non_tensor_batch) is checked"),
 )
 """verl settings a constrained run refuses: (key, refused when, allowed value, why)."""
 
@@ -212,6 +210,15 @@ class RowMasks:
                  for m in token_masks]
         return cls(tuple(allow for allow, _ in distinct), tuple(ids for _, ids in distinct),
                    tuple(index))
+
+    @classmethod
+    def of(cls, value: RowMasks | Mapping[str, Any] | None) -> RowMasks | None:
+        """``value`` as a RowMasks: the V1 trainer's TransferQueue hands a dataclass back as
+        its fields' dict (lists for tuples)."""
+        if value is None or isinstance(value, RowMasks):
+            return value
+        return cls(tuple(value["allow"]), tuple(tuple(ids) for ids in value["ids"]),
+                   tuple(value["index"]))
 
     def token_masks(self) -> list[TokenMask | None]:
         """Per response position, its mask (None where free): the inverse of :meth:`pack`."""

@@ -25,6 +25,7 @@ AgentLoop's manager before the first step).
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import os
 from typing import Any
@@ -33,7 +34,13 @@ from verl.utils import tensordict_utils as tu
 from verl.workers.engine import EngineRegistry
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 
-from agentrl.verl.constrained import ENGINE_VENDOR, MASKS_FIELD, mask_logits_, response_logit_rows
+from agentrl.verl.constrained import (
+    ENGINE_VENDOR,
+    MASKS_FIELD,
+    RowMasks,
+    mask_logits_,
+    response_logit_rows,
+)
 
 __all__ = ["BACKENDS", "MaskedLMEngine", "check_masked_engine"]
 
@@ -62,7 +69,14 @@ class MaskedLMEngine(FSDPEngineWithLMHead):
         if rows is not None and any(row is not None for row in rows):
             logits = output.logits
             flat = logits.view(-1, logits.shape[-1])
-            mask_logits_(flat, response_logit_rows(*_sequence_ends(micro_batch, logits)), rows)
+            ends, responses = _sequence_ends(micro_batch, logits)
+            # the V1 trainer's padding rows copy a real row's fields, masks included, onto a
+            # one-token response: a row's masks never reach past its own response
+            rows = [RowMasks.of(row) for row in rows]
+            rows = [row if row is None or len(row.index) <= length
+                    else dataclasses.replace(row, index=row.index[:length])
+                    for row, length in zip(rows, responses)]
+            mask_logits_(flat, response_logit_rows(ends, responses), rows)
         return super().prepare_model_outputs(output, output_args, micro_batch,
                                              logits_processor_func)
 
@@ -73,8 +87,11 @@ def _sequence_ends(micro_batch: Any, logits: Any) -> tuple[list[int], list[int]]
     Packed logits ``(1, tokens, vocab)`` hold the rows one after another; padded logits
     ``(rows, width, vocab)`` one row each, left-aligned."""
     lengths = micro_batch["input_ids"].offsets().diff().tolist()
-    prompt_width = micro_batch["prompts"].shape[1]
-    responses = micro_batch["attention_mask"][:, prompt_width:].sum(dim=1).tolist()
+    if micro_batch["responses"].is_nested:  # V1 trainer: rows are unpadded
+        responses = micro_batch["responses"].offsets().diff().tolist()
+    else:  # legacy trainer: left-padded prompts, right-padded responses
+        prompt_width = micro_batch["prompts"].shape[1]
+        responses = micro_batch["attention_mask"][:, prompt_width:].sum(dim=1).tolist()
     if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
         ends = list(itertools.accumulate(lengths))
     else:

@@ -103,6 +103,16 @@ def test_row_masks_pack_what_they_unpack():
     assert RowMasks.pack([None, None]) is None and RowMasks.pack(None) is None
 
 
+def test_row_masks_come_back_from_their_fields_dict():
+    """verl's V1 trainer stores a row's masks in TransferQueue, which hands them back as a dict
+    of lists."""
+    packed = RowMasks.pack([None, TokenMask((3, 5), True), TokenMask((7,), False)])
+    wire = {key: [list(v) if isinstance(v, tuple) else v for v in value]
+            for key, value in dataclasses.asdict(packed).items()}
+    assert RowMasks.of(wire) == packed
+    assert RowMasks.of(packed) is packed and RowMasks.of(None) is None
+
+
 # -- through verl's batch path ---------------------------------------------------------------------
 class MaskedSampler:
     """Stands in for vLLM with our logits processor: the tiny model's next-token logits, masked
