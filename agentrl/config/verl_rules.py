@@ -50,11 +50,6 @@ def divisors(number: int) -> list[int]:
 
 
 def _check_local_only_features(config: Any) -> None:
-    if config.rollout.constrained_actions and config.verl.trainer != "legacy":
-        raise ValueError(  # agentrl.verl.constrained: the masks ride in non_tensor_batch
-            f"verl.trainer={config.verl.trainer!r} is not allowed with "
-            "rollout.constrained_actions=true: the token masks are carried and checked on "
-            "the legacy trainer's path only; allowed: 'legacy'")
     unsupported = {  # local-engine features that verl's trainer has no counterpart for
         "rollout.filter_ratio": (config.rollout.filter_ratio, 1.0),
         "rollout.norm_method": (config.rollout.norm_method, "identity"),

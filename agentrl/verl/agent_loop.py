@@ -5,9 +5,8 @@ Plug it into verl's ``main_ppo`` with these overrides (:func:`verl_overrides` re
     trainer.use_v1=true                  # or false (legacy RayPPOTrainer): always set explicitly
     actor_rollout_ref.model.external_lib=agentrl.verl.agent_loop
     actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_game
-    # legacy trainer only (V1 wants an AgentLoopManagerTQ under this key, and needs none):
     ++actor_rollout_ref.rollout.agent.agent_loop_manager_class=\
-        agentrl.verl.agent_loop.GameAgentLoopManager
+        agentrl.verl.agent_loop.GameAgentLoopManager     # V1: agent_loop_v1.GameAgentLoopManagerTQ
 
 ``external_lib`` makes every AgentLoopWorker import this module, whose ``@register`` puts the
 loop in verl's registry (rows pick it by ``agent_name``; the default covers rows without one);
@@ -148,9 +147,9 @@ def verl_overrides(use_v1: bool) -> list[str]:
         f"actor_rollout_ref.model.external_lib={__name__}",
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
     ]
-    if not use_v1:  # V1 requires an AgentLoopManagerTQ there, and needs none
-        overrides.append("++actor_rollout_ref.rollout.agent.agent_loop_manager_class="
-                         f"{__name__}.{GameAgentLoopManager.__qualname__}")
+    manager = (f"{__name__}.{GameAgentLoopManager.__qualname__}" if not use_v1
+               else "agentrl.verl.agent_loop_v1.GameAgentLoopManagerTQ")  # needs TransferQueue
+    overrides.append(f"++actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager}")
     return overrides
 
 

@@ -213,8 +213,9 @@ class RowMasks:
 
     @classmethod
     def of(cls, value: RowMasks | Mapping[str, Any] | None) -> RowMasks | None:
-        """``value`` as a RowMasks: the V1 trainer's TransferQueue hands a dataclass back as
-        its fields' dict (lists for tuples)."""
+        """``value`` as a RowMasks: in the V1 trainer a row's masks reach the engine as their
+        fields' dict (``AgentLoopOutput.as_dict`` is pydantic's ``model_dump``, which turns a
+        dataclass into one; lists may stand for tuples)."""
         if value is None or isinstance(value, RowMasks):
             return value
         return cls(tuple(value["allow"]), tuple(tuple(ids) for ids in value["ids"]),

@@ -389,8 +389,13 @@ def test_overrides_select_our_loop_and_legacy_manager(mode, model_dir):
     assert hydra.utils.get_class(_agent_loop_registry[AGENT_NAME]["_target_"]) \
         is agent_loop.GameAgentLoop
     manager = config.actor_rollout_ref.rollout.agent.get("agent_loop_manager_class")
-    if mode == "v1":
-        assert manager is None  # V1 wants an AgentLoopManagerTQ there, and needs none
+    if mode == "v1":  # an AgentLoopManagerTQ (importing it needs TransferQueue: a fake here)
+        with fake_transfer_queue():
+            from verl.trainer.ppo.v1 import AgentLoopManagerTQ
+
+            manager_class = load_class_from_fqn(manager, "AgentLoopManager")
+            assert issubclass(manager_class, AgentLoopManagerTQ)
+            assert manager_class.__name__ == "GameAgentLoopManagerTQ"
     else:
         manager_class = load_class_from_fqn(manager, "AgentLoopManager")
         assert manager_class is agent_loop.GameAgentLoopManager

@@ -104,8 +104,8 @@ def test_row_masks_pack_what_they_unpack():
 
 
 def test_row_masks_come_back_from_their_fields_dict():
-    """verl's V1 trainer stores a row's masks in TransferQueue, which hands them back as a dict
-    of lists."""
+    """In verl's V1 trainer a row's masks reach the engine as their fields' dict
+    (``AgentLoopOutput.as_dict`` is pydantic's ``model_dump``), maybe with lists for tuples."""
     packed = RowMasks.pack([None, TokenMask((3, 5), True), TokenMask((7,), False)])
     wire = {key: [list(v) if isinstance(v, tuple) else v for v in value]
             for key, value in dataclasses.asdict(packed).items()}

@@ -116,7 +116,8 @@ def test_our_keys_reach_verls(tmp_path):
     assert list(at(cfg, "trainer.logger")) == ["console"]
     assert at(cfg, "actor_rollout_ref.rollout.val_kwargs.n") == 2
     assert at(cfg, "trainer.use_v1") is True
-    assert at(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") is None
+    assert at(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") == \
+        "agentrl.verl.agent_loop_v1.GameAgentLoopManagerTQ"
     assert at(cfg, "trainer.critic_warmup") == 2
     assert at(cfg, "algorithm.lam") == 0.9                         # raw overrides win
     assert config.algorithm.lam == 1.0
@@ -239,8 +240,6 @@ WINDOWED = [*GPU, "verl.trainer=v1", "train.presets=[simpleSokobanAgent]",
     ([*GPU, "rollout.filter_ratio=0.5"], r"filter_ratio=0.5 is not allowed with backend='verl'"),
     ([*GPU, "rollout.norm_method=mean_std"], r"rollout.norm_method='mean_std' is not allowed"),
     ([*GPU, "critic.share_backbone=true"], r"critic.share_backbone=True is not allowed"),
-    ([*GPU, "rollout.constrained_actions=true", "verl.trainer=v1"],
-     r"verl.trainer='v1' is not allowed with rollout.constrained_actions=true.*'legacy'"),
     ([*GPU, "verl.gpu_memory_utilization=1.5"], r"verl.gpu_memory_utilization=1.5 is not allowed"),
     ([*GPU, "verl.strategy=ddp"], r"verl.strategy='ddp' is not allowed; allowed: \['fsdp'"),
     ([*GPU, "verl.trainer=v2"], r"verl.trainer='v2' is not allowed; allowed: \['legacy', 'v1'\]"),
@@ -280,8 +279,9 @@ def test_the_embedded_model_goes_to_verl_as_its_converted_folder(tmp_path):
 
 
 def test_context_windows_run_on_verls_v1_trainer_with_whole_episode_returns():
-    config = compose_config(WINDOWED)
+    config = compose_config([*WINDOWED, "rollout.constrained_actions=true"])
     assert config.agents["simpleSokobanAgent"].history_window == 2
+    assert config.rollout.constrained_actions and config.verl.trainer == "v1"
     turn = compose_config([*WINDOWED, "algorithm.gamma_unit=turn", "algorithm.gamma=0.9"])
     assert turn.algorithm.gamma == 0.9  # a turn discount rides in the reshaped turn rewards
 

@@ -201,8 +201,7 @@ class FakeTransferQueue(types.ModuleType):
 def fake_transfer_queue():
     """Import verl's V1 modules against a FakeTransferQueue; undo both afterwards (the real
     package is not installed on CPU machines, and other tests must not see the fake)."""
-    saved = {name: module for name, module in sys.modules.items()
-             if name == "transfer_queue" or name.startswith("verl.trainer.ppo.v1")}
+    saved = {name: module for name, module in sys.modules.items() if _on_transfer_queue(name)}
     for name in saved:
         del sys.modules[name]
     queue = FakeTransferQueue()
@@ -210,10 +209,15 @@ def fake_transfer_queue():
     try:
         yield queue
     finally:
-        for name in [name for name in sys.modules
-                     if name == "transfer_queue" or name.startswith("verl.trainer.ppo.v1")]:
+        for name in [name for name in sys.modules if _on_transfer_queue(name)]:
             del sys.modules[name]
         sys.modules.update(saved)
+
+
+def _on_transfer_queue(module: str) -> bool:
+    """TransferQueue itself, and the modules that import it (verl's V1 trainer, ours)."""
+    return module in ("transfer_queue", "agentrl.verl.agent_loop_v1") or module.startswith(
+        "verl.trainer.ppo.v1")
 
 
 async def v1_batch(queue: FakeTransferQueue, worker, batch_dict: dict):
