@@ -218,7 +218,7 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
     row = TrainingSample(trajectory, list(trajectory.prompt_ids), 0, end)
     return _row_output(row, rewards, _episode_fields(
         trajectory, server_fields, budget_exhausted, index, constraint_violations),
-        with_logprobs=with_logprobs, num_preempted=num_preempted)
+        score=float(sum(rewards)), with_logprobs=with_logprobs, num_preempted=num_preempted)
 
 
 def window_outputs(trajectory: Trajectory, *, reward_placement: str, with_logprobs: bool,
@@ -230,11 +230,12 @@ def window_outputs(trajectory: Trajectory, *, reward_placement: str, with_logpro
     from, and its last model token also carries the later rows' rewards. Every row carries the
     episode's outcome and record, with ``extra_fields["agentrl_window"]`` its place."""
     samples = window_samples(trajectory)
+    rows = window_rewards(samples, reward_placement, turn_gamma)
     fields = _episode_fields(trajectory, server_fields, False, index, constraint_violations)
+    score = float(sum(rows[0]))  # the first row's rewards carry all later ones: the episode's
     return [_row_output(sample, rewards, {**fields, WINDOW: [position, len(samples)]},
-                        with_logprobs=with_logprobs, num_preempted=num_preempted)
-            for position, (sample, rewards) in enumerate(zip(
-                samples, window_rewards(samples, reward_placement, turn_gamma)))]
+                        score=score, with_logprobs=with_logprobs, num_preempted=num_preempted)
+            for position, (sample, rewards) in enumerate(zip(samples, rows))]
 
 
 def _episode_fields(trajectory: Trajectory, server_fields: Mapping[str, Any] | None,
@@ -253,15 +254,16 @@ def _episode_fields(trajectory: Trajectory, server_fields: Mapping[str, Any] | N
 
 
 def _row_output(row: TrainingSample, rewards: list[float], fields: dict[str, Any], *,
-                with_logprobs: bool, num_preempted: int) -> GameAgentLoopOutput:
-    """One verl row: ``row``'s tokens with ``rewards`` on them."""
+                score: float, with_logprobs: bool, num_preempted: int) -> GameAgentLoopOutput:
+    """One verl row: ``row``'s tokens with ``rewards`` on them; ``score`` is the episode's
+    (``reward_score``: what verl's validation reports, from an episode's last row)."""
     trajectory, masks = row.trajectory, row.response_token_masks
     return GameAgentLoopOutput(
         prompt_ids=list(row.prompt_ids),
         response_ids=list(row.response_ids),
         response_mask=list(row.response_mask),
         response_logprobs=list(row.response_logprobs) if with_logprobs else None,
-        reward_score=float(sum(rewards)),
+        reward_score=score,
         num_turns=2 * trajectory.num_turns,  # opening + replies + observations between them
         metrics=AgentLoopMetrics(generate_sequences=trajectory.timings.get("generate_s", 0.0),
                                  tool_calls=trajectory.timings.get("env_s", 0.0),

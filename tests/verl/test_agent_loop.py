@@ -619,8 +619,7 @@ def test_v1_rows_are_the_windows_with_the_whole_episodes_returns(workers, fake, 
     by_hand = [sum(game.rewards[turn:]) for turn, call in enumerate(calls)
                for _ in call.token_ids]  # each reply's tokens: the return from its turn on
     assert returns == pytest.approx(by_hand, abs=1e-5)
-    assert sum(sample.rm_scores[-1] for sample in result.samples[-1:]) == pytest.approx(
-        game.rewards[-1])
+    assert sum(result.samples[-1].rm_scores) == pytest.approx(game.rewards[-1])
 
 
 def test_every_windowed_row_fits_verls_tensors(workers, fake, tmp_path, tokenizer,

@@ -1,14 +1,16 @@
-"""verl's real trainer, end to end on this CPU (hardware=cpu-verl): Ray, FSDP2 actor and critic,
+"""verl's real trainers, end to end on this CPU (hardware=cpu-verl): Ray, FSDP2 actor and critic,
 vLLM's CPU build serving our AgentLoop, weight sync, checkpoints, and a restart after the whole
 run was killed with SIGKILL mid-step (verl's resume, our launcher's clean-up of what the kill
 left), with constrained action decoding on (vLLM's logits processor and the masked actor engine).
-The run starts from verl's SFT checkpoint (conftest's ``verl_sft_folder``: the SFT -> PPO
-handoff), and its actor's weights are checked to come from there, not from the base model.
+The legacy trainer's run starts from verl's SFT checkpoint (conftest's ``verl_sft_folder``: the
+SFT -> PPO handoff), and its actor's weights are checked to come from there, not from the base
+model. The V1 trainer's run plays a multi-turn game with context windows (one row per window).
 
-Needs vLLM's CPU build (``bash env_setup.sh --verl-cpu``, which scripts/test.sh runs): found in
-``$AGENTRL_VERL_CPU_PYTHON``, the ``.venv-verl-cpu`` it makes, or this interpreter; skipped
-otherwise. One SFT run (under a minute) and two PPO runs of a few minutes each, one after the
-other (~9-11 GiB of memory at once); every process a run starts is ended with it.
+Needs vLLM's CPU build (``bash env_setup.sh --verl-cpu``, which scripts/test.sh runs; V1 also
+TransferQueue, which it installs): found in ``$AGENTRL_VERL_CPU_PYTHON``, the ``.venv-verl-cpu``
+it makes, or this interpreter; skipped otherwise. One SFT run (under a minute) and two pairs of
+PPO runs of a few minutes each, one after the other (~7-11 GiB of memory at once); every process
+a run starts is ended with it.
 """
 
 from __future__ import annotations
@@ -50,6 +52,23 @@ def train_command(python: str, run_dir: Path, steps: int, model: Path) -> list[s
             "rollout.constrained_actions=true"]
 
 
+WINDOWED_PRESET = "tightBlocksworldTurnsAgent"
+"""One move a turn, ``history_window`` 1: an episode of 3 turns is 2 context windows."""
+
+
+def v1_windows_command(python: str, run_dir: Path, steps: int) -> list[str]:
+    """verl's V1 trainer on a game with context windows, from the base ``model=tiny_vllm``: one
+    group of 2 episodes of 3 BlocksWorld turns a step, replies constrained to legal moves."""
+    return [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
+            "verl.trainer=v1", f"run_dir={run_dir}", f"train.total_steps={steps}",
+            "trainer.save_freq=1", f"train.presets=[{WINDOWED_PRESET}]",
+            f"val.presets=[{WINDOWED_PRESET}]", f"agents.{WINDOWED_PRESET}.max_turns=3",
+            "train.group_num=1", "train.group_size=2", "val.test_freq=0",
+            "val.before_train=false", "trainer.logger=[console]", "trainer.plot=false",
+            "verl.max_prompt_length=1024", "verl.max_response_length=256", "algorithm.lam=1.0",
+            "rollout.constrained_actions=true"]
+
+
 def start(command: list[str], log: Path) -> subprocess.Popen:
     """``command`` in a session of its own, on two threads."""
     return child_run.start(command, log, env={"OMP_NUM_THREADS": "2"})
@@ -70,6 +89,21 @@ def kill_after_checkpoint(process: subprocess.Popen, run_dir: Path) -> int:
             return saved
         time.sleep(0.5)
     raise AssertionError(f"no step after a checkpoint to kill (exit {process.poll()})")
+
+
+def kill_after_logged_checkpoint(process: subprocess.Popen, run_dir: Path, log: Path) -> int:
+    """SIGKILL ``process``'s process group once checkpoint 1 exists and its step's metrics are
+    on the console (the next step has begun). Returns 1."""
+    latest = run_dir / "checkpoints" / "latest_checkpointed_iteration.txt"
+    deadline = time.monotonic() + RUN_TIMEOUT_S
+    while time.monotonic() < deadline and process.poll() is None:
+        saved = int(latest.read_text() or 0) if latest.exists() else 0
+        if saved and saved in child_run.console_steps(log.read_text(errors="replace")):
+            os.killpg(process.pid, signal.SIGKILL)
+            process.wait()
+            return saved
+        time.sleep(0.5)
+    raise AssertionError(f"no logged checkpoint to kill after (exit {process.poll()})")
 
 
 def train_records(metrics_file: Path) -> list[dict]:
@@ -140,3 +174,38 @@ def assert_started_from(sft: Path, run_dir: Path, first_out: str) -> None:
     print(f"actor's weights at step 3: {to_sft:.4f} from the SFT model's, "
           f"{to_base:.4f} from the base model's")
     assert to_sft < to_base / 4
+
+
+@pytest.mark.slow
+def test_verls_v1_trainer_with_context_windows_killed_mid_step_resumes_on_cpu(tmp_path):
+    """Context windows on verl's V1 trainer, constrained: each episode comes back as one row
+    per window, the masks reach the actor (vLLM's and the trainer's probabilities agree), and a
+    run killed in step 2 resumes from checkpoint 1 and logs each step once."""
+    python = verl_cpu_python()
+    if python is None or subprocess.run([python, "-c", "import transfer_queue"],
+                                        capture_output=True).returncode:
+        pytest.skip("verl's V1 trainer on a CPU needs vLLM's CPU build and TransferQueue; "
+                    "install them with `bash env_setup.sh --verl-cpu`")
+    run_dir = tmp_path / "run"
+    command = v1_windows_command(python, run_dir, steps=2)
+    first = start(command, tmp_path / "first.log")
+    try:
+        saved = kill_after_logged_checkpoint(first, run_dir, tmp_path / "first.log")
+        second = start(command, tmp_path / "second.log")
+        second_out = child_run.finish(second, tmp_path / "second.log", RUN_TIMEOUT_S)
+    finally:
+        end_session(first.pid)
+    first_out = (tmp_path / "first.log").read_text()
+    assert "TaskRunnerV1" in first_out
+    resumed = re.findall(r"Resuming from \S*global_step_(\d+)", second_out)
+    assert resumed == [str(saved)] == ["1"], second_out[-8000:]
+    before, after = child_run.console_steps(first_out), child_run.console_steps(second_out)
+    assert sorted(before) == [1] and sorted(after) == [2]  # each step logged once
+    for step in (before[1], after[2]):
+        assert step["training/rollout_probs_diff_max"] < 1e-3  # the masks reach the actor
+        rows = step["perf/total_num_tokens"] / (step["prompt_length/mean"]
+                                                + step["response_length/mean"])
+        # 2 episodes of up to 2 windows each (3 turns, history_window 1): more rows than episodes
+        print(f"step rows: {rows:.2f}")
+        assert rows > 2.5
+    assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
