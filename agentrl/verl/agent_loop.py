@@ -222,17 +222,20 @@ def episode_output(trajectory: Trajectory, *, response_length: int, reward_place
 
 
 def window_outputs(trajectory: Trajectory, *, reward_placement: str, with_logprobs: bool,
-                   turn_gamma: float = 1.0, server_fields: Mapping[str, Any] | None = None,
+                   turn_gamma: float = 1.0, outcome: bool = False,
+                   server_fields: Mapping[str, Any] | None = None,
                    num_preempted: int = -1, index: int | None = None,
                    constraint_violations: int = 0) -> list[GameAgentLoopOutput]:
     """verl's output records of one episode as one row per context window (V1 trainer,
     :mod:`agentrl.verl.windows`): each row's prompt is the context its replies were sampled
     from, and its last model token also carries the later rows' rewards. Every row carries the
-    episode's outcome and record, with ``extra_fields["agentrl_window"]`` its place."""
+    episode's outcome and record, with ``extra_fields["agentrl_window"]`` its place. With
+    ``outcome`` (GRPO) the last row carries the whole episode's rewards instead
+    (:func:`~agentrl.verl.windows.window_rewards`)."""
     samples = window_samples(trajectory)
-    rows = window_rewards(samples, reward_placement, turn_gamma)
+    rows = window_rewards(samples, reward_placement, turn_gamma, outcome=outcome)
     fields = _episode_fields(trajectory, server_fields, False, index, constraint_violations)
-    score = float(sum(rows[0]))  # the first row's rewards carry all later ones: the episode's
+    score = float(sum(map(sum, rows)) if outcome else sum(rows[0]))  # the episode's return
     return [_row_output(sample, rewards, {**fields, WINDOW: [position, len(samples)]},
                         score=score, with_logprobs=with_logprobs, num_preempted=num_preempted)
             for position, (sample, rewards) in enumerate(zip(samples, rows))]
@@ -355,7 +358,8 @@ class GameAgentLoop(AgentLoopBase):
                   "index": row_index(kwargs.get("extra_info")),
                   "constraint_violations": llm.constraint_violations}
         if windowed:
-            return window_outputs(trajectory, **shared)
+            grpo = self.config.algorithm.adv_estimator == "grpo"  # scored on the last row
+            return window_outputs(trajectory, outcome=grpo, **shared)
         return episode_output(trajectory, response_length=rollout.response_length,
                               budget_exhausted=budget.exhausted, **shared)
 

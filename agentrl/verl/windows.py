@@ -10,7 +10,10 @@ token is then the whole episode's, and per-row GAE at γ = λ = 1 gives the whol
 returns. What verl cannot express: λ < 1 across windows (a row's GAE never sees the next
 row's values) and a per-token γ < 1 (the later rewards would be discounted by the tokens
 between rows); the rules refuse both (:mod:`agentrl.config.verl_rules`). A turn discount
-(``algorithm.gamma_unit: turn``) is exact: it is carried by the reshaped turn rewards.
+(``algorithm.gamma_unit: turn``) is exact: it is carried by the reshaped turn rewards. GRPO is
+scored on an episode's last row and its advantage given to every row (verl's
+``compute_advantage_for_multi_trajectories``), so there the last row carries the whole
+episode's rewards.
 
 Every row fits verl's tensors by construction (:func:`windowed_context_tokens`).
 """
@@ -32,21 +35,33 @@ def window_samples(trajectory: Trajectory) -> list[TrainingSample]:
     return [*samples[:-1], TrainingSample(trajectory, last.prompt_ids, last.start, end)]
 
 
-def window_rewards(samples: list[TrainingSample], placement: str,
-                   turn_gamma: float = 1.0) -> list[list[float]]:
+def window_rewards(samples: list[TrainingSample], placement: str, turn_gamma: float = 1.0,
+                   *, outcome: bool = False) -> list[list[float]]:
     """Each row's token rewards: the episode's (:func:`token_rewards`) on its tokens, plus the
-    sum of all later rows' rewards on its last model token (module docstring)."""
+    sum of all later rows' rewards on its last model token (module docstring). ``outcome``
+    (GRPO): verl's V1 scores an episode by its last row alone and gives every row that row's
+    advantage, so the last row's last model token carries the whole episode's rewards and the
+    earlier rows none."""
     trajectory = samples[0].trajectory
     episode = token_rewards(trajectory, placement, samples[-1].end, turn_gamma=turn_gamma)
     rows = [episode[sample.start:sample.end] for sample in samples]
+    if outcome:
+        total = sum(episode[samples[0].start:samples[-1].end])
+        rows = [[0.0] * len(rewards) for rewards in rows]
+        _add_on_last_model_token(samples[-1], rows[-1], total)
+        return rows
     later = 0.0  # the rewards of the rows after this one
     for sample, rewards in zip(reversed(samples), reversed(rows)):
         own = sum(rewards)
-        model = [i for i, kept in enumerate(sample.response_mask) if kept]
-        if model:
-            rewards[model[-1]] += later
+        _add_on_last_model_token(sample, rewards, later)
         later += own
     return rows
+
+
+def _add_on_last_model_token(sample: TrainingSample, rewards: list[float], value: float) -> None:
+    model = [i for i, kept in enumerate(sample.response_mask) if kept]
+    if model:
+        rewards[model[-1]] += value
 
 
 def windowed_context_tokens(first_prompt: int, max_context_tokens: int, prompt_length: int,

@@ -93,12 +93,14 @@ def workers(model_dir, fake):
     on a fake TransferQueue. Returns ``get(...) -> (worker, config, queue)``."""
     made = {}
     with fake_transfer_queue() as queue:
-        def get(mode: str, n: int, prompt_length: int, response_length: int):
-            key = (mode, n, prompt_length, response_length)
+        def get(mode: str, n: int, prompt_length: int, response_length: int,
+                estimator: str = "gae"):
+            key = (mode, n, prompt_length, response_length, estimator)
             if key not in made:
                 config = verl_config(model_dir, use_v1=mode == "v1", prompt_length=prompt_length,
                                      response_length=response_length, n=n,
-                                     temperature=TEMPERATURE)
+                                     temperature=TEMPERATURE,
+                                     extra=[f"algorithm.adv_estimator={estimator}"])
                 if mode == "legacy":
                     worker = GameAgentLoopWorker(config, fake, None, None)
                 else:
@@ -113,9 +115,10 @@ def workers(model_dir, fake):
 
 def rollout(workers, fake, mode: str, tmp_path, games, *, n: int = 2,
             response_length: int = RESPONSE_LENGTH, prompt_length: int = PROMPT_LENGTH,
-            reward_placement: str = "turn", max_context_tokens: int = 4096) -> Rollout:
+            reward_placement: str = "turn", max_context_tokens: int = 4096,
+            estimator: str = "gae") -> Rollout:
     """One task row per game, n samples each, through verl's worker of ``mode``."""
-    worker, config, queue = workers(mode, n, prompt_length, response_length)
+    worker, config, queue = workers(mode, n, prompt_length, response_length, estimator)
     fake.load(games)
     rows = [task_row(game, index, max_context_tokens=max_context_tokens,
                      reward_placement=reward_placement) for index, game in enumerate(games)]
@@ -620,6 +623,19 @@ def test_v1_rows_are_the_windows_with_the_whole_episodes_returns(workers, fake, 
                for _ in call.token_ids]  # each reply's tokens: the return from its turn on
     assert returns == pytest.approx(by_hand, abs=1e-5)
     assert sum(result.samples[-1].rm_scores) == pytest.approx(game.rewards[-1])
+
+
+def test_grpo_scores_the_last_window_with_the_whole_episodes_rewards(workers, fake, tmp_path,
+                                                                     tokenizer, presets):
+    """verl's V1 GRPO reads an episode's last row alone and gives every row its advantage."""
+    game = windowed_game(tokenizer, presets)
+    result = rollout(workers, fake, "v1", tmp_path, [game], n=1, estimator="grpo")
+    assert len(result.samples) == len(game.replies) - 1
+    *earlier, last = result.samples
+    assert all(not any(sample.rm_scores) for sample in earlier)
+    assert sum(last.rm_scores) == pytest.approx(sum(game.rewards))
+    model = [i for i, kept in enumerate(last.mask) if kept]
+    assert last.rm_scores[model[-1]] == pytest.approx(sum(game.rewards))
 
 
 def test_every_windowed_row_fits_verls_tensors(workers, fake, tmp_path, tokenizer,
