@@ -22,12 +22,12 @@ Recipes (``--recipes``, default all but ``verl``; one table of differences, ``RE
   (``agentrl sft backend=verl`` then ``agentrl train hardware=cpu-verl`` from its model
   folder, each a child process in a session of its own, ended with everything it started),
   the same demonstrations, episodes a step, ``--steps`` and constrained decoding, evaluated by
-  the local evaluator from the final actor's Hugging Face folder. verl refuses context
-  windows, so this row trains and plays (its "before" too) with the preset's
-  ``history_window`` 0, labelled ``verl (history_window=0)``; a whole episode is checked to fit
-  verl's ``max_prompt_length``/``max_response_length`` first. Its stage records verl's
-  ``timing_s/*`` per step (scripts/bench/learn_verl.py). ``--minutes`` and ``--lever`` do not
-  apply to it.
+  the local evaluator from the final actor's Hugging Face folder. verl's SFT trainer learns
+  whole episodes (no context windows), so this row trains and plays (its "before" too) with
+  the preset's ``history_window`` 0, labelled ``verl (history_window=0)``; a whole episode is
+  checked to fit verl's ``max_prompt_length``/``max_response_length`` first. Its stage records
+  verl's ``timing_s/*`` per step (scripts/bench/learn_verl.py). ``--minutes`` and ``--lever``
+  do not apply to it.
 
 Every recipe is measured on the same ``--val-groups`` held-out seeds of ``--preset``
 (:func:`agentrl.evaluation.evaluate`, greedy, one episode per game): "before" is the untrained
@@ -438,7 +438,7 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
 
 
 def full_history_configs(args: argparse.Namespace) -> Configs:
-    """The verl recipe's configs: the preset's history_window 0 (verl refuses context windows),
+    """The verl recipe's configs: the preset's history_window 0 (verl's SFT trains whole episodes),
     its folders under ``<run-dir>/verl`` (its untrained "before" in ``untrained/``)."""
     return Configs(argparse.Namespace(**{
         **vars(args), "overrides": [*args.overrides, VERL.full_history(args.preset)],

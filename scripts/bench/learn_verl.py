@@ -9,8 +9,9 @@ What the recipe keeps equal to the local ``sft_ppo``: the demonstrations (``--sf
 on the same seeds, ``--sft-epochs``, ``sft.*`` as the local SFT), the episodes of a PPO step
 (cpu-verl's 2 groups x 4, as the local cpu preset's), ``--steps``, constrained decoding, and
 the held-out games, played by the local evaluator from the final actor's Hugging Face folder.
-What differs: the preset's ``history_window`` is 0 (every turn in the context; verl refuses
-context windows), the untrained "before" is measured the same way, and ``--minutes`` does not
+What differs: the preset's ``history_window`` is 0 (every turn in the context: verl's SFT
+trainer learns whole episodes, and the legacy PPO trainer refuses context windows), the
+untrained "before" is measured the same way, and ``--minutes`` does not
 cap it (verl's trainers have no deadline). verl's response budget is checked before anything
 starts (:func:`check_lengths`): an episode cut by it would not be the local episode.
 
@@ -56,7 +57,7 @@ class Plan(NamedTuple):
 
 
 def full_history(preset: str) -> str:
-    """The override that keeps every turn in the context: verl refuses context windows."""
+    """The override that keeps every turn in the context (verl's SFT trains whole episodes)."""
     return f"agents.{preset}.history_window=0"
 
 
