@@ -21,6 +21,7 @@ REACHED_THROUGH = {
     "agentrl.cli.sft": "tests/test_bad_inputs.py",
     "agentrl.cli.train": "tests/test_cli_train.py",
     "agentrl.config.verl_rules": "tests/verl/test_launch.py",  # TrainConfig's verl refusals
+    "agentrl.verl.agent_loop_v1": "tests/verl/test_agent_loop.py",  # loaded by its FQN
     "agentrl.engines.replies": "tests/engines/test_jump_forward.py",  # BatchingLLM's replies
     "agentrl.envs.search": "tests/envs/test_sokoban.py",  # the oracles' search
     "agentrl.evaluation.references": "tests/test_evaluation.py",

@@ -165,7 +165,8 @@ def test_a_whole_episode_must_fit_verls_row(bench, tmp_path):
                                          r"allowed: an integer >= \d+"):
         verl.check_lengths(short, PRESET, seeds)
     windowed = verl.Plan(**{**plan._asdict(), "overrides": ()})   # the preset's window of 1
-    with pytest.raises(ValueError, match="history_window=1 is not allowed with backend='verl'"):
+    with pytest.raises(ValueError, match="history_window=1 is not allowed with "
+                                         "verl.trainer='legacy'"):
         compose_config(verl.shared_keys(windowed))
 
 
