@@ -93,6 +93,11 @@ def _check_history_windows(config: Any) -> None:
         raise ValueError(f"algorithm.lam={a.lam} is not allowed with {first} on verl: verl's "
                          "V1 trainer runs GAE on each window's row alone, so only lam 1 gives "
                          "the whole episode's returns; allowed: 1.0")
+    if a.use_kl_in_reward:
+        raise ValueError(f"algorithm.use_kl_in_reward=True is not allowed with {first} on "
+                         "verl: the penalty is subtracted per token inside each window's row, "
+                         "and per-row GAE never carries a later row's back; allowed: False "
+                         "(actor.use_kl_loss keeps a KL term in the loss)")
     if a.gamma_unit != "turn" and a.gamma != 1.0:
         raise ValueError(f"algorithm.gamma={a.gamma} is not allowed with {first} on verl and "
                          f"algorithm.gamma_unit={a.gamma_unit!r}: a token discount cannot reach "

@@ -230,8 +230,8 @@ def window_outputs(trajectory: Trajectory, *, reward_placement: str, with_logpro
     :mod:`agentrl.verl.windows`): each row's prompt is the context its replies were sampled
     from, and its last model token also carries the later rows' rewards. Every row carries the
     episode's outcome and record, with ``extra_fields["agentrl_window"]`` its place. With
-    ``outcome`` (GRPO) the last row carries the whole episode's rewards instead
-    (:func:`~agentrl.verl.windows.window_rewards`)."""
+    ``outcome`` (GRPO, and validation rows, which verl scores by their last row) the last row
+    carries the whole episode's rewards instead (:func:`~agentrl.verl.windows.window_rewards`)."""
     samples = window_samples(trajectory)
     rows = window_rewards(samples, reward_placement, turn_gamma, outcome=outcome)
     fields = _episode_fields(trajectory, server_fields, False, index, constraint_violations)
@@ -258,8 +258,9 @@ def _episode_fields(trajectory: Trajectory, server_fields: Mapping[str, Any] | N
 
 def _row_output(row: TrainingSample, rewards: list[float], fields: dict[str, Any], *,
                 score: float, with_logprobs: bool, num_preempted: int) -> GameAgentLoopOutput:
-    """One verl row: ``row``'s tokens with ``rewards`` on them; ``score`` is the episode's
-    (``reward_score``: what verl's validation reports, from an episode's last row)."""
+    """One verl row: ``row``'s tokens with ``rewards`` on them. ``score`` is the episode's
+    return, as ``reward_score``: set, it keeps verl's reward loop from scoring the row (verl
+    trains on and reports ``rm_scores``, which ``as_dict`` fills with ``rewards``)."""
     trajectory, masks = row.trajectory, row.response_token_masks
     return GameAgentLoopOutput(
         prompt_ids=list(row.prompt_ids),
@@ -328,9 +329,7 @@ class GameAgentLoop(AgentLoopBase):
             max_context = len(prompt_ids) + budget.total + max_new
             if windowed:
                 budget = ResponseBudget(sys.maxsize)
-                max_context = windowed_context_tokens(
-                    len(prompt_ids), task.max_context_tokens, rollout.prompt_length,
-                    rollout.response_length, max_new)
+                max_context = self._windowed_context(task, len(prompt_ids), max_new)
             deterministic = bool(getattr(rollout, "full_determinism", False))
             model_path = self.config.actor_rollout_ref.model.path
             constrained = processor_configured(rollout)
@@ -357,11 +356,29 @@ class GameAgentLoop(AgentLoopBase):
                   "server_fields": llm.server_fields, "num_preempted": llm.num_preempted,
                   "index": row_index(kwargs.get("extra_info")),
                   "constraint_violations": llm.constraint_violations}
-        if windowed:
-            grpo = self.config.algorithm.adv_estimator == "grpo"  # scored on the last row
-            return window_outputs(trajectory, outcome=grpo, **shared)
+        if windowed:  # GRPO scores the last row; verl's validation reports the last row's
+            extra_info = kwargs.get("extra_info")
+            validating = isinstance(extra_info, Mapping) and extra_info.get("split") == "val"
+            outcome = validating or self.config.algorithm.adv_estimator == "grpo"
+            return window_outputs(trajectory, outcome=outcome, **shared)
         return episode_output(trajectory, response_length=rollout.response_length,
                               budget_exhausted=budget.exhausted, **shared)
+
+    def _windowed_context(self, task: EpisodeTask, prompt_tokens: int, max_new: int) -> int:
+        """The context cap of a windowed episode (:func:`windowed_context_tokens`); the first
+        prompt and a whole reply must fit it."""
+        rollout = self.rollout_config
+        cap = windowed_context_tokens(prompt_tokens, task.max_context_tokens,
+                                      rollout.prompt_length, rollout.response_length, max_new)
+        if prompt_tokens + max_new > cap:
+            raise ValueError(
+                f"{AGENT_NAME}: preset {task.preset!r} seed {task.seed}: the first prompt "
+                f"({prompt_tokens} tokens) and a reply of max_response_tokens={max_new} do not "
+                f"fit a window's row: rollout.response_length={rollout.response_length} "
+                f"(data.max_response_length) must be >= {max_new} and "
+                f"extra_info.max_context_tokens={task.max_context_tokens} >= "
+                f"{prompt_tokens + max_new}; raise them")
+        return cap
 
     def _response_budget(self, task: EpisodeTask, prompt_tokens: int) -> int:
         """min(response_length, max_context_tokens - first prompt); the first prompt must fit

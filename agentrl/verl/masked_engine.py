@@ -70,15 +70,23 @@ class MaskedLMEngine(FSDPEngineWithLMHead):
             logits = output.logits
             flat = logits.view(-1, logits.shape[-1])
             ends, responses = _sequence_ends(micro_batch, logits)
-            # the V1 trainer's padding rows copy a real row's fields, masks included, onto a
-            # one-token response: a row's masks never reach past its own response
-            rows = [RowMasks.of(row) for row in rows]
-            rows = [row if row is None or len(row.index) <= length
-                    else dataclasses.replace(row, index=row.index[:length])
+            rows = [_fit_to_response(RowMasks.of(row), length)
                     for row, length in zip(rows, responses)]
             mask_logits_(flat, response_logit_rows(ends, responses), rows)
         return super().prepare_model_outputs(output, output_args, micro_batch,
                                              logits_processor_func)
+
+
+def _fit_to_response(row: RowMasks | None, length: int) -> RowMasks | None:
+    """A row's masks on its response. The V1 trainer's padding rows copy a real row's fields,
+    masks included, onto a one-token response: those are cut to it. A real row whose masks
+    run past its response is misaligned, and fails here rather than mask the wrong logits."""
+    if row is None or len(row.index) <= length:
+        return row
+    if length > 1:
+        raise RuntimeError(f"a row's constraint masks cover {len(row.index)} response tokens "
+                           f"but its response has {length}: the masks are misaligned")
+    return dataclasses.replace(row, index=row.index[:length])
 
 
 def _sequence_ends(micro_batch: Any, logits: Any) -> tuple[list[int], list[int]]:

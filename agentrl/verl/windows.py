@@ -8,8 +8,10 @@ episode's rows together. verl's V1 trainer takes the rows an AgentLoop returns
 model token also carries the sum of the later rows' rewards: the return-to-go of every model
 token is then the whole episode's, and per-row GAE at γ = λ = 1 gives the whole-episode
 returns. What verl cannot express: λ < 1 across windows (a row's GAE never sees the next
-row's values) and a per-token γ < 1 (the later rewards would be discounted by the tokens
-between rows); the rules refuse both (:mod:`agentrl.config.verl_rules`). A turn discount
+row's values), a per-token γ < 1 (the later rewards would be discounted by the tokens
+between rows) and a KL penalty in the reward (subtracted per token inside each row, so the
+later rows' never reach an earlier one); the rules refuse all three
+(:mod:`agentrl.config.verl_rules`). A turn discount
 (``algorithm.gamma_unit: turn``) is exact: it is carried by the reshaped turn rewards. GRPO is
 scored on an episode's last row and its advantage given to every row (verl's
 ``compute_advantage_for_multi_trajectories``), so there the last row carries the whole
@@ -27,12 +29,16 @@ __all__ = ["window_rewards", "window_samples", "windowed_context_tokens"]
 
 
 def window_samples(trajectory: Trajectory) -> list[TrainingSample]:
-    """The episode's context windows in order, the last cut after its last model token (as a
-    single-row episode is: never ending on an observation or a cut reply's closing token)."""
-    samples = context_samples(trajectory)
-    last = samples[-1]
-    end = trajectory.turn_end_positions[-1] + 1
-    return [*samples[:-1], TrainingSample(trajectory, last.prompt_ids, last.start, end)]
+    """The episode's context windows in order, each cut after its last model token (as a
+    single-row episode is): never ending on an observation or on the mask-0 closing token of a
+    cut reply, which the next window's prompt holds, and which would make a row one token
+    longer than the context cap allows for."""
+    mask = trajectory.response_mask
+    rows = []
+    for sample in context_samples(trajectory):
+        end = max(i for i in range(sample.start, sample.end) if mask[i]) + 1
+        rows.append(TrainingSample(trajectory, sample.prompt_ids, sample.start, end))
+    return rows
 
 
 def window_rewards(samples: list[TrainingSample], placement: str, turn_gamma: float = 1.0,

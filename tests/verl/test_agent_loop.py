@@ -116,12 +116,14 @@ def workers(model_dir, fake):
 def rollout(workers, fake, mode: str, tmp_path, games, *, n: int = 2,
             response_length: int = RESPONSE_LENGTH, prompt_length: int = PROMPT_LENGTH,
             reward_placement: str = "turn", max_context_tokens: int = 4096,
-            estimator: str = "gae") -> Rollout:
+            estimator: str = "gae", split: str = "train") -> Rollout:
     """One task row per game, n samples each, through verl's worker of ``mode``."""
     worker, config, queue = workers(mode, n, prompt_length, response_length, estimator)
     fake.load(games)
     rows = [task_row(game, index, max_context_tokens=max_context_tokens,
                      reward_placement=reward_placement) for index, game in enumerate(games)]
+    for row in rows:
+        row["extra_info"]["split"] = split
     batch = dataset_batch(rows, tmp_path, worker.tokenizer, config)
     if mode == "legacy":
         output = asyncio.run(legacy_batch(worker, batch, n))
@@ -625,11 +627,14 @@ def test_v1_rows_are_the_windows_with_the_whole_episodes_returns(workers, fake, 
     assert sum(result.samples[-1].rm_scores) == pytest.approx(game.rewards[-1])
 
 
-def test_grpo_scores_the_last_window_with_the_whole_episodes_rewards(workers, fake, tmp_path,
-                                                                     tokenizer, presets):
-    """verl's V1 GRPO reads an episode's last row alone and gives every row its advantage."""
+@pytest.mark.parametrize("estimator, split", [("grpo", "train"), ("gae", "val")])
+def test_the_last_window_carries_the_whole_episode_where_verl_reads_only_it(
+        estimator, split, workers, fake, tmp_path, tokenizer, presets):
+    """verl's V1 GRPO reads an episode's last row alone and gives every row its advantage, and
+    its validation reports the last row's rewards."""
     game = windowed_game(tokenizer, presets)
-    result = rollout(workers, fake, "v1", tmp_path, [game], n=1, estimator="grpo")
+    result = rollout(workers, fake, "v1", tmp_path, [game], n=1, estimator=estimator,
+                     split=split)
     assert len(result.samples) == len(game.replies) - 1
     *earlier, last = result.samples
     assert all(not any(sample.rm_scores) for sample in earlier)
@@ -658,6 +663,24 @@ def test_every_windowed_row_fits_verls_tensors(workers, fake, tmp_path, tokenize
                                   reply)
     assert cap == len(game.prompt_ids) + response_length
     assert all(len(call.prompt_ids) + reply <= cap for call in fake.calls)
+
+
+def test_every_window_ends_on_a_model_token_also_after_a_cut_reply(workers, fake, tmp_path,
+                                                                   tokenizer, presets):
+    """A reply cut at its token cap gets a mask-0 closing token, which opens the next window's
+    prompt, not the end of this window's row: a row ending on it would pass the context cap by
+    one token."""
+    config = one_action_per_turn(presets, WINDOWED_PRESET, history_window=1)
+    long_reply = " ".join(["left"] * 100)  # the first window's last reply (turns 1-2)
+    game = play_script(tokenizer, WINDOWED_PRESET, config, 1,
+                       [WINDOWED_SCRIPT[0], long_reply, *WINDOWED_SCRIPT[1:]])
+    result = rollout(workers, fake, "v1", tmp_path, [game], n=1)
+    assert len(fake.calls[1].token_ids) == config.max_response_tokens  # cut, no end of turn
+    assert len(result.samples) == len(game.replies) - 1
+    for sample in result.samples:
+        assert sample.mask[-1] == 1
+    eos = end_of_turn_ids(tokenizer)[0]
+    assert result.samples[1].prompt[len(game.prompt_ids) + config.max_response_tokens] == eos
 
 
 def test_a_windowed_task_needs_the_v1_trainer(tokenizer, presets):

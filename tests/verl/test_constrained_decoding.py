@@ -113,6 +113,19 @@ def test_row_masks_come_back_from_their_fields_dict():
     assert RowMasks.of(packed) is packed and RowMasks.of(None) is None
 
 
+def test_masks_are_cut_to_a_padding_rows_response_and_refused_past_a_real_one():
+    """verl's V1 padding rows copy a real row's masks onto a one-token response; a real row
+    whose masks run past its response is misaligned and must not mask the wrong logits."""
+    from agentrl.verl.masked_engine import _fit_to_response
+
+    packed = RowMasks.pack([TokenMask((3, 5), True), TokenMask((7,), False), None])
+    assert _fit_to_response(packed, 3) is packed and _fit_to_response(None, 1) is None
+    cut = _fit_to_response(packed, 1).token_masks()
+    assert [(mask.ids, mask.allow) for mask in cut] == [((3, 5), True)]
+    with pytest.raises(RuntimeError, match="cover 3 response tokens but its response has 2"):
+        _fit_to_response(packed, 2)
+
+
 # -- through verl's batch path ---------------------------------------------------------------------
 class MaskedSampler:
     """Stands in for vLLM with our logits processor: the tiny model's next-token logits, masked

@@ -252,6 +252,9 @@ WINDOWED = [*GPU, "verl.trainer=v1", "train.presets=[simpleSokobanAgent]",
      r"allowed: verl.trainer=v1"),
     ([*WINDOWED, "algorithm.lam=0.95"],
      r"algorithm.lam=0.95 is not allowed with agents.simpleSokobanAgent.history_window=2"),
+    ([*WINDOWED, "algorithm.use_kl_in_reward=true"],
+     r"algorithm.use_kl_in_reward=True is not allowed with agents.simpleSokobanAgent.history_"
+     r"window=2 on verl.*allowed: False"),
     ([*WINDOWED, "algorithm.gamma=0.99"], r"algorithm.gamma=0.99 is not allowed with agents."
      r"simpleSokobanAgent.history_window=2 .*allowed: 1.0, or algorithm.gamma_unit=turn"),
 ])
