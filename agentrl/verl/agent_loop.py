@@ -366,8 +366,19 @@ class GameAgentLoop(AgentLoopBase):
 
     def _windowed_context(self, task: EpisodeTask, prompt_tokens: int, max_new: int) -> int:
         """The context cap of a windowed episode (:func:`windowed_context_tokens`); the first
-        prompt and a whole reply must fit it."""
-        rollout = self.rollout_config
+        prompt and a whole reply must fit it, and verl's advantages must be ones whose per-row
+        returns are the episode's (the config rules check this too, but ``verl.overrides``
+        are passed on unchecked)."""
+        rollout, algorithm = self.rollout_config, self.config.algorithm
+        exact = {"algorithm.adv_estimator": (algorithm.adv_estimator, ("gae", "grpo")),
+                 "algorithm.lam": (float(algorithm.lam), (1.0,)),
+                 "algorithm.gamma": (float(algorithm.gamma), (1.0,)),
+                 "algorithm.use_kl_in_reward": (bool(algorithm.use_kl_in_reward), (False,))}
+        for key, (value, allowed) in exact.items():  # verl.overrides may bypass the rules
+            if value not in allowed:
+                raise ValueError(f"{AGENT_NAME}: preset {task.preset!r} has context windows, "
+                                 f"and {key}={value!r} would not give the whole episode's "
+                                 f"returns over its rows; allowed: {list(allowed)}")
         cap = windowed_context_tokens(prompt_tokens, task.max_context_tokens,
                                       rollout.prompt_length, rollout.response_length, max_new)
         if prompt_tokens + max_new > cap:

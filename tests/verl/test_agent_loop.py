@@ -94,13 +94,14 @@ def workers(model_dir, fake):
     made = {}
     with fake_transfer_queue() as queue:
         def get(mode: str, n: int, prompt_length: int, response_length: int,
-                estimator: str = "gae"):
-            key = (mode, n, prompt_length, response_length, estimator)
+                estimator: str = "gae", lam: float = 1.0):
+            key = (mode, n, prompt_length, response_length, estimator, lam)
             if key not in made:
                 config = verl_config(model_dir, use_v1=mode == "v1", prompt_length=prompt_length,
                                      response_length=response_length, n=n,
                                      temperature=TEMPERATURE,
-                                     extra=[f"algorithm.adv_estimator={estimator}"])
+                                     extra=[f"algorithm.adv_estimator={estimator}",
+                                            f"algorithm.lam={lam}"])
                 if mode == "legacy":
                     worker = GameAgentLoopWorker(config, fake, None, None)
                 else:
@@ -681,6 +682,20 @@ def test_every_window_ends_on_a_model_token_also_after_a_cut_reply(workers, fake
         assert sample.mask[-1] == 1
     eos = end_of_turn_ids(tokenizer)[0]
     assert result.samples[1].prompt[len(game.prompt_ids) + config.max_response_tokens] == eos
+
+
+def test_a_windowed_episode_refuses_a_verl_config_that_breaks_its_returns(
+        workers, fake, tmp_path, tokenizer, presets, caplog):
+    """``verl.overrides`` reach verl unchecked: the loop itself refuses lam < 1 with windows."""
+    game = windowed_game(tokenizer, presets)
+    worker, config, queue = workers("v1", 1, PROMPT_LENGTH, RESPONSE_LENGTH, "gae", 0.9)
+    fake.load([game])
+    batch = dataset_batch([task_row(game, 0, max_context_tokens=4096)], tmp_path,
+                          worker.tokenizer, config)
+    with pytest.raises(AssertionError, match="sessions failed"):
+        asyncio.run(v1_batch(queue, worker, batch))
+    assert not fake.calls  # refused before the first reply
+    assert "algorithm.lam=0.9 would not give the whole episode's returns" in caplog.text
 
 
 def test_a_windowed_task_needs_the_v1_trainer(tokenizer, presets):
