@@ -22,6 +22,7 @@ REACHED_THROUGH = {
     "agentrl.cli.train": "tests/test_cli_train.py",
     "agentrl.config.verl_rules": "tests/verl/test_launch.py",  # TrainConfig's verl refusals
     "agentrl.verl.agent_loop_v1": "tests/verl/test_agent_loop.py",  # loaded by its FQN
+    "agentrl.verl.rows": "tests/verl/test_agent_loop.py",  # the loop's rows, through verl's workers
     "agentrl.engines.replies": "tests/engines/test_jump_forward.py",  # BatchingLLM's replies
     "agentrl.envs.search": "tests/envs/test_sokoban.py",  # the oracles' search
     "agentrl.evaluation.references": "tests/test_evaluation.py",
