@@ -4,7 +4,8 @@
 #   bash scripts/test.sh -k sokoban   # extra arguments go to pytest
 # Sets the machine up first (no-ops when already done): env_setup.sh, with --verl-cpu on a
 # machine without an NVIDIA GPU (vLLM's CPU build, so verl's real trainer runs in the suite:
-# tests/verl/test_cpu_trainer.py, two verl runs), and Chromium for the report's browser test
+# tests/verl/test_cpu_trainer.py: the legacy and the V1 trainer, each killed and resumed), and
+# Chromium for the report's browser test
 # (scripts/install_chromium.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
