@@ -5,8 +5,7 @@
 # Sets the machine up first (no-ops when already done): env_setup.sh, with --verl-cpu on a
 # machine without an NVIDIA GPU (vLLM's CPU build, so verl's real trainer runs in the suite:
 # tests/verl/test_cpu_trainer.py: the legacy and the V1 trainer, each killed and resumed), and
-# Chromium for the report's browser test
-# (scripts/install_chromium.sh).
+# Chromium for the report's browser test (scripts/install_chromium.sh).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 if nvidia-smi -L >/dev/null 2>&1; then bash env_setup.sh; else bash env_setup.sh --verl-cpu; fi
