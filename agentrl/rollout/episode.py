@@ -377,8 +377,7 @@ def _turn(reply: _Reply, result: Any, text: str, *, prompt_ids: Sequence[int],
 
 
 async def _branch(identity: tuple[str, int, int], reply: _Reply, twin: Agent, tokenizer: Any,
-                  context: list[int],
-                  observation: str, state: str, distances: list | None,
+                  context: list[int], observation: str, state: str, distances: list | None,
                   end_of_turn_id: int) -> Trajectory:
     """A reply the episode did not take, played one action on ``twin`` (a copy of the game)."""
     try:
