@@ -51,8 +51,8 @@ checkpoint (``resume=auto``, every ``trainer.save_freq`` steps), with a fresh ``
 ``--only-seed S`` (repeatable) runs only those training seeds, so processes sharing one
 ``--run-dir`` can split a benchmark by seed; a last run without it reads every stage back and
 writes the whole table.
-Finished runs' checkpoints are deleted at the end unless ``--keep-checkpoints`` (a 135M model
-with its optimizer state is ~1.6 GB a run).
+Finished runs' checkpoints (of the process's own seeds) are deleted at the end unless
+``--keep-checkpoints`` (a 135M model with its optimizer state is ~1.6 GB a run).
 
 Expected time (embedded SmolLM2-135M, 2 CPU cores, ``threads=1``, load ~2.5; measured on a
 2-step smoke run): a PPO step of ``tightSokobanAgent`` ~30 s, an SFT update of 8
@@ -86,6 +86,7 @@ import json
 import shutil
 import statistics
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -649,13 +650,20 @@ def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]
             "runs": runs}
 
 
+def prune_checkpoints(run_dir: Path, seeds: Iterable[int]) -> None:
+    """Delete the finished runs' checkpoints of ``seeds`` alone: another process sharing
+    ``run_dir`` with ``--only-seed`` may still be training (and resuming from) its own."""
+    for seed in seeds:
+        for folder in run_dir.glob(f"**/seed_{seed}/{CHECKPOINTS_DIR}"):
+            shutil.rmtree(folder)
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     base = Configs(args).build(constrained=True)
     parts = [run_variant(args, variant) for variant in args.compare or [None]]
     if not args.keep_checkpoints:
-        for folder in args.run_dir.glob(f"**/seed_*/{CHECKPOINTS_DIR}"):
-            shutil.rmtree(folder)
+        prune_checkpoints(args.run_dir, args.only_seed or range(args.seeds))
     result = {
         "model": base.model.name, "preset": args.preset, "recipes": args.recipes,
         "variants": args.compare, "levers": args.levers, "seeds": args.seeds,

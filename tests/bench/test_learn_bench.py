@@ -131,3 +131,16 @@ def test_val_every_records_a_held_out_curve_per_seed(bench, tmp_path, one_torch_
         assert [step for step, _ in curve] == [0, 1, 2]
         assert curve[0][1] == before and curve[-1][1] == run["after"]["success"]
     assert Path(result["plot"]).stat().st_size > 0
+
+
+def test_pruning_leaves_other_processes_seeds_checkpoints(bench, tmp_path):
+    """A process split off with --only-seed deletes its own seeds' checkpoints at the end, not
+    those of a process still training another seed in the same --run-dir."""
+    mine = tmp_path / "sft_ppo" / "seed_1" / "checkpoints" / "step_000002"
+    training = tmp_path / "ppo_constrained" / "seed_0" / "checkpoints" / "step_000005"
+    for folder in (mine, training):
+        folder.mkdir(parents=True)
+        (folder / "model.safetensors").write_bytes(b"weights")
+    bench.prune_checkpoints(tmp_path, [1])
+    assert not mine.parent.exists()
+    assert (training / "model.safetensors").read_bytes() == b"weights"
