@@ -362,7 +362,8 @@ class ActorConfig(Section):
     policy_loss: str = setting(BUILTIN_POLICY_LOSS,
                                lambda v: v == BUILTIN_POLICY_LOSS or v in _policy_losses(),
                                "a name in verl's POLICY_LOSS_REGISTRY")
-    """verl policy loss by registered name (vanilla = clipped PPO)."""
+    """verl policy loss by registered name (vanilla = clipped PPO), or agentrl's
+    ``self_imitation`` (:mod:`agentrl.trainers.losses`: the positive advantages alone)."""
     entropy_coeff: float = setting(0.0, at_least(0), "a number >= 0")
     """Weight of the entropy bonus."""
     use_kl_loss: bool = False
@@ -376,6 +377,8 @@ class ActorConfig(Section):
 def _policy_losses() -> list[str]:
     # Imported for a name other than vanilla only: importing verl takes ~10 s.
     from verl.trainer.ppo.core_algos import POLICY_LOSS_REGISTRY
+
+    import agentrl.trainers.losses  # noqa: F401  (registers agentrl's own)
 
     return sorted(POLICY_LOSS_REGISTRY)
 

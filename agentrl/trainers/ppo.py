@@ -43,6 +43,8 @@ __all__ = [
 def _core():
     from verl.trainer.ppo import core_algos
 
+    import agentrl.trainers.losses  # noqa: F401  (registers agentrl's policy losses)
+
     return core_algos
 
 

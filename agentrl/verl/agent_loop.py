@@ -103,6 +103,7 @@ from agentrl.engines import SamplingParams
 from agentrl.engines.constrained import TokenTexts
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import ChatSuffix, run_episode
+from agentrl.trainers import losses  # noqa: F401  (actor workers: agentrl's policy losses)
 from agentrl.verl import AGENT_NAME
 from agentrl.verl.constrained import processor_configured
 from agentrl.verl.episode_task import (
