@@ -483,3 +483,17 @@ exit 0
     assert "the running Ray cluster has 16 GPUs, 8 per node" in done.stderr
     command = record.read_text().splitlines()
     assert {"backend=verl", "verl.n_gpus_per_node=8", "verl.nnodes=2"} <= set(command)
+
+
+def test_verls_actor_workers_find_agentrls_policy_losses():
+    """``actor.policy_loss=self_imitation`` reaches verl's loss_mode, and the module verl's
+    workers import (``external_lib``) registers it: checked in a fresh interpreter, where
+    nothing else has imported agentrl's losses."""
+    _, cfg = verl_config(["hardware=a100", "model=qwen_halfb", "actor.policy_loss=self_imitation"])
+    assert at(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode") == "self_imitation"
+    external_lib = at(cfg, "actor_rollout_ref.model.external_lib")
+    script = ("import importlib, sys; from verl.trainer.ppo import core_algos; "
+              "assert 'self_imitation' not in core_algos.POLICY_LOSS_REGISTRY; "
+              f"importlib.import_module({external_lib!r}); "
+              "core_algos.get_policy_loss_fn('self_imitation')")
+    subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
