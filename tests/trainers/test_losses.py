@@ -7,6 +7,7 @@ import torch
 
 from agentrl.config import compose_config
 from agentrl.trainers import ppo
+from agentrl.trainers.losses import SELF_IMITATION
 
 
 def gradient(loss_name: str, advantages: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -22,14 +23,14 @@ def gradient(loss_name: str, advantages: torch.Tensor) -> tuple[torch.Tensor, to
 
 def test_self_imitation_leaves_negative_advantage_tokens_untouched():
     advantages = torch.tensor([[1.0, -2.0, 0.5], [-1.0, 2.0, 3.0]])
-    _, grad = gradient("self_imitation", advantages)
+    _, grad = gradient(SELF_IMITATION, advantages)
     assert torch.all(grad[advantages <= 0] == 0)
     assert torch.all(grad[(advantages > 0) & (torch.tensor([[1, 1, 1], [1, 1, 0]]) > 0)] != 0)
 
 
 def test_self_imitation_is_clipped_ppo_on_the_positive_part():
     advantages = torch.tensor([[1.0, -2.0, 0.5], [-1.0, 2.0, 3.0]])
-    loss, grad = gradient("self_imitation", advantages)
+    loss, grad = gradient(SELF_IMITATION, advantages)
     vanilla_loss, vanilla_grad = gradient("vanilla", advantages.clamp(min=0))
     assert torch.allclose(loss, vanilla_loss) and torch.allclose(grad, vanilla_grad)
     all_loss, _ = gradient("vanilla", advantages)
@@ -37,4 +38,4 @@ def test_self_imitation_is_clipped_ppo_on_the_positive_part():
 
 
 def test_the_config_accepts_self_imitation():
-    assert compose_config(["actor.policy_loss=self_imitation"]).actor.policy_loss == "self_imitation"
+    assert compose_config([f"actor.policy_loss={SELF_IMITATION}"]).actor.policy_loss == SELF_IMITATION
