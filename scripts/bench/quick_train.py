@@ -58,6 +58,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--what", help="what ran, for the JSON (default: the command)")
     parser.add_argument("--name", help="the run's name (default: defaults, or the run folder's)")
     parser.add_argument("--machine", help="the machine (default: this CPU, cores, memory, load)")
+    parser.add_argument("--force", action="store_true",
+                        help="overwrite an existing --out (an evidence file is refused otherwise)")
     parser.add_argument("args", nargs="*", metavar="ARG",
                         help="quick_train.sh's arguments, after --")
     return parser.parse_args(argv)
@@ -67,6 +69,8 @@ def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
     if args.from_run and args.args:
         raise SystemExit("--from-run trains nothing: quick_train.sh's arguments do not apply")
+    if Path(args.out).exists() and not args.force:
+        raise SystemExit(f"{args.out} exists (an evidence file?): choose another --out, or --force")
     run = Path(args.from_run) if args.from_run else train(args.args)
     what = args.what or (f"the run in {run}" if args.from_run else
                          f"bash quick_train.sh {shlex.join(args.args) or '(no arguments)'}")

@@ -86,6 +86,16 @@ def test_from_run_writes_the_evidence_shape_and_a_plot(bench, run, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_an_existing_evidence_file_is_not_overwritten(bench, run, tmp_path):
+    out = tmp_path / "quick.json"
+    out.write_text("{}")
+    with pytest.raises(SystemExit, match="--force"):
+        bench.main(["--from-run", str(run), "--out", str(out)])
+    assert out.read_text() == "{}"
+    bench.main(["--from-run", str(run), "--out", str(out), "--force"])
+    assert json.loads(out.read_text())["runs"]
+
+
 def test_a_folder_without_metrics_is_named(bench, tmp_path):
     with pytest.raises(SystemExit, match=str(tmp_path / "empty" / "metrics.jsonl")):
         bench.main(["--from-run", str(tmp_path / "empty"), "--out", str(tmp_path / "x.json")])
