@@ -4,11 +4,10 @@ module through ``external_lib``, :mod:`agentrl.verl.agent_loop`).
 
 ``self_imitation``: PPO's clipped loss (verl's ``vanilla``) on the positive part of the
 advantages only (self-imitation learning, Oh et al. 2018: learn from ``(R - V)+``; with GRPO's
-group-normalised returns, the episodes that beat their group). After a supervised warm start the
-policy is confident and most of its sampled episodes replay one another; pushing down the tokens
-of a lost episode moves probability onto arbitrary other tokens, and at the learning rate of the
-warm start that undoes it. Imitating only what won keeps every update a step of the warm start's
-kind (cross-entropy toward the model's own wins), so it can run at that learning rate.
+group-normalised returns, the episodes that beat their group). Pushing down a lost episode's
+tokens moves probability onto arbitrary other tokens; this loss leaves them alone. Measured after
+the supervised warm start (docs/results/learning.md, "Self-imitation"): at the warm start's
+learning rate it undid the warm start as the whole loss did, at 1e-5 it kept it.
 """
 
 from __future__ import annotations

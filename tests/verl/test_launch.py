@@ -492,7 +492,7 @@ def test_verls_actor_workers_find_agentrls_policy_losses():
     _, cfg = verl_config(["hardware=a100", "model=qwen_halfb", "actor.policy_loss=self_imitation"])
     assert at(cfg, "actor_rollout_ref.actor.policy_loss.loss_mode") == "self_imitation"
     external_lib = at(cfg, "actor_rollout_ref.model.external_lib")
-    script = ("import importlib, sys; from verl.trainer.ppo import core_algos; "
+    script = ("import importlib; from verl.trainer.ppo import core_algos; "
               "assert 'self_imitation' not in core_algos.POLICY_LOSS_REGISTRY; "
               f"importlib.import_module({external_lib!r}); "
               "core_algos.get_policy_loss_fn('self_imitation')")
