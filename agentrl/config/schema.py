@@ -372,6 +372,10 @@ class ActorConfig(Section):
     """Weight of the KL loss."""
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"] = "low_var_kl"
     """KL estimator of the KL loss (verl's names)."""
+    warm_optimizer: bool = False
+    """Start AdamW from the warm start's moments (the run's own warm start, or the
+    ``optimizer.pt`` of the ``agentrl sft`` checkpoint ``model.name`` names) instead of zeros:
+    a fresh AdamW's first steps move every weight by about ``lr`` (agentrl.trainers.moments)."""
 
 
 def _policy_losses() -> list[str]:
@@ -474,6 +478,9 @@ class SftConfig(Section):
     replanning shows recoveries; local backend only."""
     evaluate: bool = True
     """Greedy held-out evaluation (val.presets, val.group_num games) before and after."""
+    save_optimizer: bool = False
+    """Save AdamW's moments with the checkpoint (``optimizer.pt``, twice the model's size), so
+    PPO can start from them (``actor.warm_optimizer``)."""
     output_dir: Path | None = None
     """Where the checkpoint goes (null = <run_dir>/sft); `agentrl train model=<checkpoint>`."""
 
@@ -674,6 +681,11 @@ class TrainConfig(Section):
                              f"integer in [1, {sft.mini_batch_size}]")
         if sft.output_dir is not None:
             object.__setattr__(sft, "output_dir", Path.cwd() / sft.output_dir.expanduser())
+        if self.lora.rank and (sft.save_optimizer or self.actor.warm_optimizer):
+            key = "sft.save_optimizer" if sft.save_optimizer else "actor.warm_optimizer"
+            raise ValueError(f"{key}=true is not allowed with lora.rank={self.lora.rank}: the "
+                             "warm start merges its adapter into the weights, so its moments "
+                             "belong to no parameter PPO trains; allowed: false, or lora.rank=0")
 
     def _check_token_budget(self) -> None:
         budget = self.rollout.max_context_tokens

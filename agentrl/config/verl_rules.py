@@ -60,6 +60,8 @@ def _check_local_only_features(config: Any) -> None:
         "critic.share_backbone": (config.critic.share_backbone, False),
         "lora.dropout": (config.lora.dropout if config.lora.rank else 0.0, 0.0),
         "train.sft_steps": (config.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`
+        "actor.warm_optimizer": (config.actor.warm_optimizer, False),
+        "sft.save_optimizer": (config.sft.save_optimizer, False),
     }
     for key, (value, allowed) in unsupported.items():
         if value != allowed:

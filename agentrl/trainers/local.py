@@ -84,6 +84,7 @@ from agentrl.trainers.guards import (
     all_finite, collapse_metrics, logprob_gap, warn_if_entropy_collapsed,
 )
 from agentrl.trainers.microbatch import micro_order, micro_rows, pad_responses
+from agentrl.trainers.moments import carry_moments, saved_moments
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.reference import Reference
 from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, response_logprobs
@@ -157,6 +158,8 @@ class LocalTrainer:
                        if config.algorithm.adv_estimator == "gae" else None)
         self.actor_optim, self.actor_sched = self._optimizer(
             [p for p in self.actor.parameters() if p.requires_grad], config.actor)
+        if config.actor.warm_optimizer and not config.train.sft_steps:  # an agentrl sft model
+            carry_moments(saved_moments(config.model.name), self.actor_optim)
         self.critic_optim = self.critic_sched = None
         if self.critic is not None:
             self.critic_optim, self.critic_sched = self._optimizer(
@@ -388,7 +391,10 @@ class LocalTrainer:
 
     def _end_warm_start(self) -> None:
         """PPO starts from the warm-started policy: the KL reference becomes it, and a critic
-        with its own backbone copies it (both were copied from the untrained model)."""
+        with its own backbone copies it (both were copied from the untrained model); with
+        ``actor.warm_optimizer`` PPO's AdamW takes over the warm start's moments."""
+        if self.config.actor.warm_optimizer:
+            carry_moments(self.warm_start.optim.state_dict(), self.actor_optim)
         self.warm_start.close()
         if self.reference is not None:
             self.reference.reset_to(self.actor)

@@ -60,6 +60,7 @@ from agentrl.rollout.demonstrations import DEMO_SEED_OFFSET
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.checkpoint import save_checkpoint
 from agentrl.trainers.device import resolve_device
+from agentrl.trainers.moments import OPTIMIZER_TENSORS
 from agentrl.trainers.imitation import (
     oracle_demonstrations, sft_update, update_rows, updates_per_epoch,
 )
@@ -186,12 +187,15 @@ class SFTTrainer:
         return losses
 
     def save(self, updates: int) -> Path:
-        """The checkpoint (LoRA merged into the weights: a plain HF model in ``actor/``)."""
+        """The checkpoint (LoRA merged into the weights: a plain HF model in ``actor/``), with
+        AdamW's moments in ``optimizer.pt`` when ``sft.save_optimizer``."""
         model = self.model
         if hasattr(model, "merge_and_unload"):
             model = model.merge_and_unload()
+        tensors = ({OPTIMIZER_TENSORS: self.optim.state_dict()}
+                   if self.config.sft.save_optimizer else {})  # for actor.warm_optimizer
         return save_checkpoint(self.output_dir, updates, models={"actor": (model, self.tokenizer)},
-                               config=self.config.to_dict(), keep_last=1)
+                               tensors=tensors, config=self.config.to_dict(), keep_last=1)
 
     # -- the run -----------------------------------------------------------------------------------
     def fit(self, deadline: float | None = None) -> SftResult:

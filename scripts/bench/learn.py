@@ -81,6 +81,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import gc
 import json
 import shutil
@@ -369,6 +370,9 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
                            extra=(f"sft.episodes={args.sft_episodes}",
                                   f"sft.epochs={args.sft_epochs}", "sft.evaluate=false",
                                   f"sft.output_dir={folder}"))
+    if not config.lora.rank:  # its moments, for a lever with actor.warm_optimizer=true
+        config = dataclasses.replace(config, sft=dataclasses.replace(config.sft,
+                                                                    save_optimizer=True))
     start = time.perf_counter()
     trainer = SFTTrainer(config)
     try:
