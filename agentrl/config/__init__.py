@@ -8,6 +8,8 @@
 
 - :mod:`agentrl.config.schema`: the dataclasses (one per section of ``configs/base.yaml``,
   every key documented) and :func:`build_config`, which validates a plain mapping.
+- :mod:`agentrl.config.fields`: :class:`Section`, a dataclass that coerces and checks its own
+  fields, and building one from a mapping (unknown keys named).
 - :mod:`agentrl.config.verl_rules`: what the verl backend refuses (the rules that hold with
   ``backend=verl`` only).
 - :mod:`agentrl.config.compose`: :func:`compose_config`, hydra's composition of

@@ -32,7 +32,8 @@ from pathlib import Path
 from typing import Any, get_type_hints
 
 import agentrl
-from agentrl.config.schema import Section, TrainConfig, build_config
+from agentrl.config.fields import Section
+from agentrl.config.schema import TrainConfig, build_config
 
 __all__ = ["CONFIGS_ENV", "CONFIG_NAME", "compose_config", "default_config_dir", "group_options"]
 

@@ -13,8 +13,9 @@ keys (as in tests) is a full config.
 
 Why validate here and not in the trainer: a typo or a bad value must fail at start-up, naming
 the key and what is allowed, before a model is loaded or a minute of rollouts is spent. Every
-section checks its own fields in ``__post_init__`` (types from the annotations, ranges from
-:func:`setting`), so ``dataclasses.replace`` cannot build an invalid config either;
+section checks its own fields in ``__post_init__`` (:class:`agentrl.config.fields.Section`:
+types from the annotations, ranges from ``setting``), so ``dataclasses.replace`` cannot build
+an invalid config either;
 :class:`TrainConfig` then checks the rules that span sections (presets exist, GRPO needs groups
 of two or more, mini-batches divide the batch, ...), and with ``backend=verl`` what verl cannot
 run (:mod:`agentrl.config.verl_rules`).
@@ -25,13 +26,15 @@ from __future__ import annotations
 import dataclasses
 import math
 import re
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
-from types import UnionType
-from typing import Any, ClassVar, Literal, Union, get_args, get_origin, get_type_hints
+from typing import Any, ClassVar, Literal
 
 from agentrl.agents.config import DEFAULT_PATH as DEFAULT_AGENTS_FILE
 from agentrl.agents.config import AgentConfig, agent_presets_from_dict, check_env_kwargs
+from agentrl.config.fields import (
+    Section, at_least, build_section, non_empty, positive, setting, unit_interval,
+)
 from agentrl.config.verl_rules import check_verl, divisors
 
 __all__ = [
@@ -46,116 +49,6 @@ MAX_LOG_EPISODES = 256
 """Cap of ``trainer.log_episodes``: episode records are a sample, never the whole batch."""
 BUILTIN_POLICY_LOSS = "vanilla"
 """Known to be in verl's registry: the default config never pays for importing verl (~10 s)."""
-
-
-def setting(default: Any, check: Callable[[Any], bool] | None = None, allowed: str = "") -> Any:
-    """A field whose value must pass ``check``; ``allowed`` says in words what passes."""
-    return dataclasses.field(default=default, metadata={"check": check, "allowed": allowed})
-
-
-def at_least(low: float) -> Callable[[Any], bool]:
-    return lambda value: value >= low
-
-
-def positive(value: float) -> bool:
-    return value > 0
-
-
-def unit_interval(value: float) -> bool:
-    return 0 <= value <= 1
-
-
-def non_empty(value: Any) -> bool:
-    return len(value) > 0
-
-
-class Section:
-    """Checks every field of a config dataclass on construction.
-
-    Types come from the annotations: ``int`` (not bool), ``float`` (ints become floats),
-    ``bool``, ``str``, ``Path`` (from a string), ``Literal[...]`` (the allowed names),
-    ``tuple[str, ...]`` (from a list), ``X | None``. Ranges come from :func:`setting`.
-    """
-
-    KEY: ClassVar[str] = ""
-    """Where the section sits in the config (``"train"``): prefixes the keys in messages."""
-
-    def __post_init__(self) -> None:
-        hints = get_type_hints(type(self))
-        for spec in dataclasses.fields(self):
-            key = f"{self.KEY}.{spec.name}" if self.KEY else spec.name
-            value = _coerce(getattr(self, spec.name), hints[spec.name], key,
-                            spec.metadata.get("allowed", ""))
-            object.__setattr__(self, spec.name, value)
-            check = spec.metadata.get("check")
-            if check is not None and value is not None and not check(value):
-                raise ValueError(f"{key}={_plain(value)!r} is not allowed; allowed: "
-                                 f"{spec.metadata['allowed']}")
-
-    def to_dict(self) -> dict[str, Any]:
-        """Plain values (lists, strings), as the YAML would write them."""
-        return {spec.name: _plain(getattr(self, spec.name)) for spec in dataclasses.fields(self)}
-
-
-def _plain(value: Any) -> Any:
-    if isinstance(value, Section):
-        return value.to_dict()
-    if isinstance(value, AgentConfig):
-        return dataclasses.asdict(value)
-    if isinstance(value, Mapping):
-        return {key: _plain(item) for key, item in value.items()}
-    if isinstance(value, tuple):
-        return [_plain(item) for item in value]
-    if isinstance(value, Path):
-        return str(value)
-    return value
-
-
-# -- types -----------------------------------------------------------------------------------------
-TYPE_WORDS = {bool: "true or false", int: "an integer", float: "a finite number", str: "a string",
-              Path: "a path"}
-
-
-def _describe(hint: Any) -> str:
-    origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, UnionType):
-        return "null or " + " or ".join(_describe(a) for a in args if a is not type(None))
-    if origin is Literal:
-        return f"one of {list(args)}"
-    if origin is tuple:
-        return f"a list, each {_describe(args[0])}"
-    if origin is Mapping:
-        return "a mapping"
-    return TYPE_WORDS.get(hint, getattr(hint, "__name__", str(hint)))
-
-
-def _coerce(value: Any, hint: Any, key: str, allowed: str) -> Any:
-    """``value`` as the annotated type (int -> float, list -> tuple, str -> Path) or ValueError."""
-    origin, args = get_origin(hint), get_args(hint)
-    if origin in (Union, UnionType):
-        if value is None and type(None) in args:
-            return None
-        inner = [a for a in args if a is not type(None)]
-        if len(inner) == 1:
-            return _coerce(value, inner[0], key, allowed or _describe(hint))
-    elif origin is Literal:
-        if isinstance(value, str) and value in args:
-            return value
-        raise ValueError(f"{key}={value!r} is not allowed; allowed: {allowed or list(args)}")
-    elif origin is tuple and isinstance(value, (list, tuple)):
-        return tuple(_coerce(item, args[0], f"{key}[{i}]", "") for i, item in enumerate(value))
-    elif hint is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        if math.isfinite(value):
-            return float(value)
-    elif hint is int and isinstance(value, int) and not isinstance(value, bool):
-        return value
-    elif hint is Path and isinstance(value, (str, Path)) and str(value):
-        return Path(value)
-    elif isinstance(value, origin or hint) and (hint in (bool, str) or origin is Mapping
-                                                 or dataclasses.is_dataclass(hint)):
-        return value
-    raise ValueError(f"{key}={value!r} is not allowed: expected {_describe(hint)}, got "
-                     f"{type(value).__name__}; allowed: {allowed or _describe(hint)}")
 
 
 # -- sections --------------------------------------------------------------------------------------
@@ -702,24 +595,4 @@ def build_config(data: Mapping[str, Any]) -> TrainConfig:
 
     Unknown keys fail with the allowed ones; missing keys take their defaults.
     """
-    return _build(TrainConfig, data, "")
-
-
-def _build(cls: type[Section], data: Any, prefix: str) -> Any:
-    where = prefix or "the config"
-    if not isinstance(data, Mapping):
-        raise ValueError(f"{where} must be a mapping of settings, got {data!r}")  # noqa: TRY004
-    names = [spec.name for spec in dataclasses.fields(cls)]
-    unknown = [f"{prefix}.{key}" if prefix else str(key) for key in data if key not in names]
-    if unknown:
-        listed = ", ".join(f"'{key}'" for key in unknown)
-        raise ValueError(f"unknown key{'s' if len(unknown) > 1 else ''} {listed}; "
-                         f"allowed: {names}")
-    hints = get_type_hints(cls)
-    kwargs = {}
-    for key, value in data.items():
-        nested = hints[key]
-        if isinstance(nested, type) and issubclass(nested, Section):
-            value = _build(nested, value, nested.KEY)
-        kwargs[key] = value
-    return cls(**kwargs)
+    return build_section(TrainConfig, data, "")

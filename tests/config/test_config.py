@@ -19,7 +19,7 @@ from agentrl.config import (
     default_config_dir,
     schema,
 )
-from agentrl.config.schema import Section
+from agentrl.config.fields import Section
 
 CONFIGS = default_config_dir()
 SECTIONS = [spec for spec in dataclasses.fields(TrainConfig) if spec.name != "agents"]
