@@ -47,7 +47,10 @@ least one step). Evaluation is not counted.
 
 Resuming: a finished stage writes ``stage.json`` in its folder and is not run again (with other
 settings the benchmark refuses the folder, naming it); a stopped PPO run resumes from its newest
-checkpoint (``resume=auto``, every ``trainer.save_freq`` steps), with a fresh ``--minutes``.
+checkpoint (``resume=auto``, every ``trainer.save_freq`` steps), with a fresh ``--minutes``;
+a finished PPO stage asked for more ``--steps`` (``--val-every`` may change too) goes on from
+its last checkpoint when it is still there (``--keep-checkpoints``), its curve and minutes
+counting from its first step.
 ``--only-seed S`` (repeatable) runs only those training seeds, so processes sharing one
 ``--run-dir`` can split a benchmark by seed; a last run without it reads every stage back and
 writes the whole table.
@@ -267,16 +270,43 @@ class Configs:
 
 
 # -- stages --------------------------------------------------------------------------------------
-def cached_stage(folder: Path, settings: dict[str, Any]) -> dict[str, Any] | None:
-    """The finished stage's record in ``folder``, or None; other settings -> ValueError."""
+def cached_stage(folder: Path, settings: dict[str, Any], *, extends: bool = False
+                 ) -> dict[str, Any] | None:
+    """The finished stage's record in ``folder``, or None; other settings -> ValueError. With
+    ``extends`` (a PPO stage), a finished run asked for more ``steps`` (and any ``val_every``)
+    is None too when its last checkpoint is there: the trainer resumes from it."""
     path = folder / STAGE_FILE
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    if record["settings"] != settings:
-        raise ValueError(f"{folder} holds a run made with other settings ({record['settings']} "
-                         f"!= {settings}); remove it or choose another --run-dir")
-    return record
+    if record["settings"] == settings:
+        return record
+    if extends and more_steps(record["settings"], settings):
+        if located_checkpoint(folder, record) is not None:
+            return None
+        raise ValueError(f"{folder} ran {record['settings']['steps']} steps and its checkpoint "
+                         f"is gone, so it cannot go on to {settings['steps']}; allowed: its "
+                         "--steps, or a run kept with --keep-checkpoints")
+    raise ValueError(f"{folder} holds a run made with other settings ({record['settings']} "
+                     f"!= {settings}); remove it or choose another --run-dir")
+
+
+def more_steps(saved: dict[str, Any], wanted: dict[str, Any]) -> bool:
+    """Whether ``wanted`` is ``saved`` with a larger ``steps`` (``val_every`` free)."""
+    free = ("steps", "val_every")
+    same = ({k: v for k, v in saved.items() if k not in free}
+            == {k: v for k, v in wanted.items() if k not in free})
+    return same and wanted.get("steps", 0) > saved.get("steps", 0)
+
+
+def located_checkpoint(folder: Path, record: dict[str, Any]) -> Path | None:
+    """The stage's own last checkpoint, when it is still on disk."""
+    checkpoint = record.get("checkpoint")
+    if checkpoint is None:
+        return None
+    path = Path(checkpoint)
+    path = path if path.is_absolute() else folder.parent.parent / path
+    return path if path.is_dir() else None
 
 
 def portable(args: argparse.Namespace, path: str | Path | None) -> str | None:
@@ -406,7 +436,7 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
                                 **({"lever": lever_overrides} if lever_overrides else {}),
                                 **({"val_every": args.val_every}
                                    if args.val_every != args.steps else {}))
-    if (record := cached_stage(folder, settings)) is not None:
+    if (record := cached_stage(folder, settings, extends=True)) is not None:
         return record
     config = configs.build(
         constrained=configs.decoding(recipe), seed=seed, run_dir=folder,

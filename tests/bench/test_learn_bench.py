@@ -144,3 +144,35 @@ def test_pruning_leaves_other_processes_seeds_checkpoints(bench, tmp_path):
     bench.prune_checkpoints(tmp_path, [1])
     assert not mine.parent.exists()
     assert (training / "model.safetensors").read_bytes() == b"weights"
+
+
+def test_a_finished_ppo_stage_goes_on_to_more_steps_only_from_its_checkpoint(bench, tmp_path):
+    folder = tmp_path / "runs" / "sft_ppo" / "seed_0"
+    settings = {"preset": "p", "steps": 4, "minutes": None}
+    record = bench.save_stage(folder, settings,
+                              {"checkpoint": "sft_ppo/seed_0/checkpoints/step_000004"})
+    more = {**settings, "steps": 8, "val_every": 4}
+    with pytest.raises(ValueError, match="its checkpoint is gone"):
+        bench.cached_stage(folder, more, extends=True)
+    (folder / "checkpoints" / "step_000004").mkdir(parents=True)
+    assert bench.cached_stage(folder, more, extends=True) is None  # the trainer resumes
+    assert bench.cached_stage(folder, settings, extends=True) == record
+    for other in ({**settings, "steps": 2}, {**more, "preset": "q"}):
+        with pytest.raises(ValueError, match="other settings"):
+            bench.cached_stage(folder, other, extends=True)
+    with pytest.raises(ValueError, match="other settings"):  # an SFT stage never goes on
+        bench.cached_stage(folder, more)
+
+
+@pytest.mark.slow
+def test_more_steps_resume_the_finished_run_and_keep_its_curve(bench, tmp_path, one_torch_thread):
+    args = ["--recipes", "ppo_constrained", "--seeds", "1", "--val-groups", "2",
+            "--run-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "learn.json"),
+            "--keep-checkpoints", "model=tiny", "threads=1"]
+    bench.main([*args, "--steps", "1"])
+    result = bench.main([*args, "--steps", "2", "--val-every", "1"])
+    stage = result["runs"]["ppo_constrained"][0]["stages"][-1]
+    assert stage["steps"] == 2 and [step for step, _ in stage["val_curve"]] == [0, 1, 2]
+    metrics = tmp_path / "runs" / "ppo_constrained" / "seed_0" / "metrics.jsonl"
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps.count(1) == 1 and steps[-1] == 2  # step 1 was not trained again
