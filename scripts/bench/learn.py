@@ -55,7 +55,9 @@ counting from its first step.
 ``--run-dir`` can split a benchmark by seed; a last run without it reads every stage back and
 writes the whole table.
 Finished runs' checkpoints (of the process's own seeds) are deleted at the end unless
-``--keep-checkpoints`` (a 135M model with its optimizer state is ~1.6 GB a run).
+``--keep-checkpoints`` (a 135M model with its optimizer state is ~1.6 GB a run). The SFT stage
+saves its AdamW moments with its model (``sft.save_optimizer``; not with LoRA), so a lever with
+``actor.warm_optimizer=true`` starts PPO from them.
 
 Expected time (embedded SmolLM2-135M, 2 CPU cores, ``threads=1``, load ~2.5; measured on a
 2-step smoke run): a PPO step of ``tightSokobanAgent`` ~30 s, an SFT update of 8
