@@ -5,7 +5,7 @@
         KEY: ClassVar[str] = "lora"
         rank: int = setting(0, at_least(0), "an integer >= 0")
 
-    build_section(LoraConfig, {"rank": 8}, "lora")     # LoraConfig(rank=8)
+    build_section(LoraConfig, {"rank": 8}, "lora")     # a LoraConfig with rank 8
     build_section(LoraConfig, {"rnk": 8}, "lora")      # ValueError: unknown key 'lora.rnk'; ...
 
 A :class:`Section` coerces and checks every field in ``__post_init__`` (types from the
@@ -27,6 +27,7 @@ from agentrl.agents.config import AgentConfig
 
 __all__ = ["Section", "at_least", "build_section", "non_empty", "positive", "setting",
            "unit_interval"]
+
 
 def setting(default: Any, check: Callable[[Any], bool] | None = None, allowed: str = "") -> Any:
     """A field whose value must pass ``check``; ``allowed`` says in words what passes."""
