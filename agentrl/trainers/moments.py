@@ -26,7 +26,7 @@ OPTIMIZER_TENSORS = "optimizer"
 
 
 def carry_moments(source: Mapping[str, Any], optimizer: torch.optim.Optimizer) -> None:
-    """Copy the per-parameter state of ``source`` (an optimizer ``state_dict()`` over the same
+    """Load the per-parameter state of ``source`` (an optimizer ``state_dict()`` over the same
     parameters in the same order) into ``optimizer``, keeping ``optimizer``'s hyperparameters.
     ``ValueError`` when the parameters differ in number or shape."""
     params = [p for group in optimizer.param_groups for p in group["params"]]
@@ -36,18 +36,14 @@ def carry_moments(source: Mapping[str, Any], optimizer: torch.optim.Optimizer) -
                          f"PPO's actor has {len(params)}: actor.warm_optimizer needs the same "
                          "model with the same trainable parameters (no LoRA)")
     for index, param in enumerate(params):
-        moments = state[index]
         for key in ("exp_avg", "exp_avg_sq"):
-            if moments[key].shape != param.shape:
+            if state[index][key].shape != param.shape:
                 raise ValueError(f"the warm start's {key} of parameter {index} has shape "
-                                 f"{tuple(moments[key].shape)}, PPO's actor "
+                                 f"{tuple(state[index][key].shape)}, PPO's actor "
                                  f"{tuple(param.shape)}: actor.warm_optimizer needs the same "
                                  "model")
-        optimizer.state[param] = {
-            "step": torch.as_tensor(float(moments["step"]), dtype=torch.float32),
-            "exp_avg": moments["exp_avg"].detach().to(param.device, param.dtype).clone(),
-            "exp_avg_sq": moments["exp_avg_sq"].detach().to(param.device, param.dtype).clone(),
-        }
+    optimizer.load_state_dict({"state": state,
+                               "param_groups": optimizer.state_dict()["param_groups"]})
 
 
 def saved_moments(model_name: str | Path) -> Mapping[str, Any]:

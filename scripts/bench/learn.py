@@ -102,7 +102,7 @@ from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.evaluation import EvalResult, evaluate
 from agentrl.evaluation.stats import wilson_interval
 from agentrl.models import load_model
-from agentrl.trainers.checkpoint import CHECKPOINTS_DIR
+from agentrl.trainers.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.sft import SFTTrainer
 from agentrl.trainers.tracking import read_metrics
@@ -284,7 +284,7 @@ def cached_stage(folder: Path, settings: dict[str, Any], *, extends: bool = Fals
     if record["settings"] == settings:
         return record
     if extends and more_steps(record["settings"], settings):
-        if located_checkpoint(folder, record) is not None:
+        if latest_checkpoint(folder) is not None:  # what the trainer's resume=auto takes
             return None
         raise ValueError(f"{folder} ran {record['settings']['steps']} steps and its checkpoint "
                          f"is gone, so it cannot go on to {settings['steps']}; allowed: its "
@@ -299,16 +299,6 @@ def more_steps(saved: dict[str, Any], wanted: dict[str, Any]) -> bool:
     same = ({k: v for k, v in saved.items() if k not in free}
             == {k: v for k, v in wanted.items() if k not in free})
     return same and wanted.get("steps", 0) > saved.get("steps", 0)
-
-
-def located_checkpoint(folder: Path, record: dict[str, Any]) -> Path | None:
-    """The stage's own last checkpoint, when it is still on disk."""
-    checkpoint = record.get("checkpoint")
-    if checkpoint is None:
-        return None
-    path = Path(checkpoint)
-    path = path if path.is_absolute() else folder.parent.parent / path
-    return path if path.is_dir() else None
 
 
 def portable(args: argparse.Namespace, path: str | Path | None) -> str | None:

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from agentrl.trainers.checkpoint import save_checkpoint
+
 SUMMARY_KEYS = {"label", "variant", "lever", "recipe", "runs", "before", "after_mean", "after_min", "after_max", "after_std",
                 "gain", "format_error_after", "train_minutes", "wall_minutes", "steps"}
 
@@ -154,7 +156,7 @@ def test_a_finished_ppo_stage_goes_on_to_more_steps_only_from_its_checkpoint(ben
     more = {**settings, "steps": 8, "val_every": 4}
     with pytest.raises(ValueError, match="its checkpoint is gone"):
         bench.cached_stage(folder, more, extends=True)
-    (folder / "checkpoints" / "step_000004").mkdir(parents=True)
+    save_checkpoint(folder, 4, tensors={"trainer_state": {"step": 4}})
     assert bench.cached_stage(folder, more, extends=True) is None  # the trainer resumes
     assert bench.cached_stage(folder, settings, extends=True) == record
     for other in ({**settings, "steps": 2}, {**more, "preset": "q"}):
