@@ -10,7 +10,8 @@ through :mod:`agentrl.verl.cpu_platform`'s pinned :class:`~agentrl.verl.cpu_plat
 verl clips the critic's update at ``critic.cliprange_value`` in return units: with Sokoban's
 returns spanning -1.6..+11, a clip of 0.5 lets the critic move 0.5 a step and it needs ~20
 steps to reach a win's value. The local engine multiplies the clip by the step's return scale,
-max(1, RMS of the returns over model tokens) (``LocalTrainer._value_clip``); so does this:
+max(1, RMS of the returns over model tokens) (``PPOUpdate._value_clip`` in
+:mod:`agentrl.trainers.ppo_update`); so does this:
 :func:`compute_advantage` (the legacy trainer's, patched on the TaskRunner by
 :func:`patch_compute_advantage`) stores the step's scale in every row
 (:data:`RETURN_SCALE`), and verl's ``value_loss`` (patched at import: the TaskRunner hands the

@@ -7,7 +7,7 @@
 
 One rollout step of the training preset (``tightSokobanAgent``, quick_train.sh's CPU default,
 unless ``train.presets=...`` says otherwise; extra ``key=value`` arguments are hydra overrides
-as for ``agentrl train``) gives one batch. On it, the actor's update (``LocalTrainer._epochs``:
+as for ``agentrl train``) gives one batch. On it, the actor's update (``PPOUpdate._epochs``:
 forward + backward of every micro-batch, grad clip, AdamW) runs with
 ``actor.shared_prefix_tokens`` 0 (off) and on, at each micro-batch size, alternating off/on for
 ``--repeats`` rounds (after one untimed warm-up) so machine load hits both alike; weights and
@@ -107,14 +107,15 @@ def time_update(trainer: LocalTrainer, batch, micro: int, share: int, tokens: li
     """One actor update at this micro-batch size and sharing, then back to the same state."""
     actor = dataclasses.replace(trainer.config.actor, micro_batch_size=micro,
                                 shared_prefix_tokens=share)
-    trainer.config = dataclasses.replace(trainer.config, actor=actor)
+    trainer.config = trainer.updater.config = dataclasses.replace(trainer.config, actor=actor)
     params = [p for p in trainer.actor.parameters() if p.requires_grad]
     saved = [p.detach().clone() for p in params]
     optim_state = copy.deepcopy(trainer.actor_optim.state_dict())
     meter = ActivationMeter(trainer.actor)
     read_before = tokens[0]
     start, cpu_start = time.perf_counter(), time.process_time()
-    _, skipped = trainer._epochs(batch, meter.wrap(trainer._actor_micro), trainer.actor_optim,
+    updater = trainer.updater
+    _, skipped = updater._epochs(batch, meter.wrap(updater._actor_micro), trainer.actor_optim,
                                  params, actor.grad_clip, 1, "actor")
     seconds, cpu_seconds = time.perf_counter() - start, time.process_time() - cpu_start
     with torch.no_grad():

@@ -123,7 +123,7 @@ def _count_update_tokens(trainer: LocalTrainer) -> list[tuple[int, int, int]]:
     """Hook the update to count, per step, the tokens and rows of its batch and the tokens its
     forward passes read through the actor's embeddings (fewer where prefixes are shared)."""
     box: list[tuple[int, int, int]] = []
-    real = trainer._update
+    real = trainer.updater.update
     read = [0]
     inside = [False]
 
@@ -133,16 +133,16 @@ def _count_update_tokens(trainer: LocalTrainer) -> list[tuple[int, int, int]]:
 
     trainer.actor.get_input_embeddings().register_forward_hook(count_read)
 
-    def counting(batch, timer):
+    def counting(batch, timer, step=0):
         mask = batch["attention_mask"]
         read[0], inside[0] = 0, True
         try:
-            return real(batch, timer)
+            return real(batch, timer, step)
         finally:
             inside[0] = False
             box.append((int(mask.sum()), mask.shape[0], read[0]))  # tokens, rows, tokens read
 
-    trainer._update = counting
+    trainer.updater.update = counting
     return box
 
 

@@ -28,7 +28,7 @@ def configure(trainer, mode: str, micro_batch_size: int) -> None:
     actor = dataclasses.replace(trainer.config.actor, loss_agg_mode=mode,
                                 micro_batch_size=micro_batch_size)
     trainer.config = dataclasses.replace(trainer.config, actor=actor)
-    trainer.loss_settings = dataclasses.replace(trainer.loss_settings, loss_agg_mode=mode)
+    trainer.updater.loss_settings = dataclasses.replace(trainer.updater.loss_settings, loss_agg_mode=mode)
 
 
 def update_batch(trainer) -> dict[str, torch.Tensor]:
@@ -48,13 +48,13 @@ def run_epoch(trainer, batch, mode: str, micro_batch_size: int, role: str):
     """One epoch of ``role``'s update in ``mode`` at this micro-batch size: (gradients, metrics)."""
     configure(trainer, mode, micro_batch_size)
     if role == "actor":
-        optim, params, micro = trainer.actor_optim, list(trainer.actor.parameters()), trainer._actor_micro
+        optim, params, micro = trainer.actor_optim, list(trainer.actor.parameters()), trainer.updater._actor_micro
     else:
         optim, params = trainer.critic_optim, trainer.critic.trainable_parameters()
-        micro = functools.partial(trainer._critic_micro, cliprange_value=0.5)
+        micro = functools.partial(trainer.updater._critic_micro, cliprange_value=0.5)
     recorder = GradientRecorder(optim)
     saved = [p.detach().clone() for p in params]
-    metrics, skipped = trainer._epochs(batch, micro, optim, params, grad_clip=1e9, epochs=1, role=role)
+    metrics, skipped = trainer.updater._epochs(batch, micro, optim, params, grad_clip=1e9, epochs=1, role=role)
     with torch.no_grad():  # back to the same weights for the next run
         for p, s in zip(params, saved):
             p.copy_(s)
@@ -85,7 +85,7 @@ def test_loss_metrics_are_the_mini_batch_loss_of_a_seq_mean_mode(trainer):
     with torch.no_grad():
         logprobs, entropy, _ = response_logprobs(trainer.actor, batch, with_entropy=True)
     pg_loss, _ = ppo.policy_loss(logprobs, batch["old_logprobs"], batch["advantages"], mask,
-                                 trainer.loss_settings, size)
+                                 trainer.updater.loss_settings, size)
     entropy_term = ppo.entropy_bonus(entropy, mask, mode, size)
     assert metrics["actor/pg_loss"] == pytest.approx(float(pg_loss), rel=1e-5)
     assert metrics["actor/entropy"] == pytest.approx(float(entropy_term), rel=1e-5)

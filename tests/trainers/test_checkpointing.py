@@ -41,7 +41,7 @@ def actor_pass(trainer, batch) -> tuple[int, torch.Tensor, list[torch.Tensor]]:
 
     trainer.actor.zero_grad(set_to_none=True)
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda tensor: tensor):
-        loss, _, _ = trainer._actor_micro(batch, ppo.MiniBatchSize.of(batch["response_mask"].float()))
+        loss, _, _ = trainer.updater._actor_micro(batch, ppo.MiniBatchSize.of(batch["response_mask"].float()))
     loss.backward()
     grads = [p.grad.clone() for p in trainer.actor.parameters() if p.grad is not None]
     return saved, loss.detach(), grads

@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from agentrl.trainers import ppo
-from agentrl.trainers.local import LocalTrainer, StageTimer
+from agentrl.trainers.local import StageTimer
+from agentrl.trainers.ppo_update import PPOUpdate
 from agentrl.trainers.policy import backbone_of
 from update_fixtures import GradientRecorder, relative_difference, tiny_trainer, two_turn_batch
 
@@ -33,7 +34,7 @@ def one_step(tmp_path, *overrides: str) -> dict:
         # the actor's passes run its backbone (the LM head only at model tokens)
         (backbone_of(model) if role == "actor" else model).register_forward_pre_hook(count)
     trainer.step = 1
-    metrics = trainer._update(two_turn_batch(4), StageTimer())
+    metrics = trainer.updater.update(two_turn_batch(4), StageTimer())
     for record in out.values():
         record["weights"] = [p.detach().clone() for p in record.pop("model").parameters()]
         record["grads"] = record.pop("recorder").steps[0]
@@ -47,8 +48,8 @@ def test_first_pass_old_logprobs_and_values_give_the_same_update(tmp_path, monke
                                                                  one_torch_thread):
     fast = one_step(tmp_path / "fast", critic)
     with monkeypatch.context() as patch:
-        patch.setattr(LocalTrainer, "_first_pass_is_old", lambda self, n, *rest: False)
-        patch.setattr(LocalTrainer, "_critic_pass_gives_values", lambda self, n, *rest: False)
+        patch.setattr(PPOUpdate, "_first_pass_is_old", lambda self, n, *rest: False)
+        patch.setattr(PPOUpdate, "_critic_pass_gives_values", lambda self, n, *rest: False)
         slow = one_step(tmp_path / "slow", critic)
     assert fast["metrics"]["actor/ppo_kl"] == 0.0  # the ratio is exactly 1 in that pass
     for role in ("actor", "critic") if "critic" in fast else ("actor",):
@@ -70,20 +71,21 @@ def test_no_shortcut_where_the_old_logprobs_are_needed_first(tmp_path, one_torch
     values."""
     trainer = tiny_trainer(tmp_path / "separate", "critic.share_backbone=false",
                            "actor.micro_batch_size=2")  # fits the mini-batch of 2 below
-    assert trainer._first_pass_is_old(4)
+    assert trainer.updater._first_pass_is_old(4)
     config = trainer.config
     for section, key, value in (("actor", "ppo_mini_batch_size", 2), ("actor", "ppo_epochs", 2),
                                 ("algorithm", "use_kl_in_reward", True)):
         changed = dataclasses.replace(getattr(config, section), **{key: value})
-        trainer.config = dataclasses.replace(config, **{section: changed})
-        assert not trainer._first_pass_is_old(4), key
-    trainer.config = config
-    assert trainer._critic_pass_gives_values(4)
-    trainer.config = dataclasses.replace(config, critic=dataclasses.replace(config.critic, ppo_epochs=2))
-    assert not trainer._critic_pass_gives_values(4)
+        trainer.updater.config = dataclasses.replace(config, **{section: changed})
+        assert not trainer.updater._first_pass_is_old(4), key
+    trainer.updater.config = config
+    assert trainer.updater._critic_pass_gives_values(4)
+    trainer.updater.config = dataclasses.replace(
+        config, critic=dataclasses.replace(config.critic, ppo_epochs=2))
+    assert not trainer.updater._critic_pass_gives_values(4)
     shared = tiny_trainer(tmp_path / "shared", "critic.share_backbone=true")
-    assert not shared._first_pass_is_old(4) and not shared._critic_pass_gives_values(4)
-    assert shared._first_pass_is_old(4, rollout_features=True)  # values from the rollout
+    assert not shared.updater._first_pass_is_old(4) and not shared.updater._critic_pass_gives_values(4)
+    assert shared.updater._first_pass_is_old(4, rollout_features=True)  # values from the rollout
 
 
 def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread):
@@ -106,9 +108,9 @@ def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread)
     assert batch["responses"].shape[0] > len(trajectories)  # a row per context window
     features, mask = batch["rollout_features"], batch["response_mask"].bool()
     assert features.shape[:2] == mask.shape and bool((features[~mask] == 0).all())
-    scored = reader._score({k: v for k, v in batch.items() if k != "rollout_features"},
+    scored = reader.updater._score({k: v for k, v in batch.items() if k != "rollout_features"},
                            StageTimer())
-    from_rollout = reader._score(batch, StageTimer(), old_logprobs=False)
+    from_rollout = reader.updater._score(batch, StageTimer(), old_logprobs=False)
     assert set(from_rollout) == {"values", "critic_features"}  # no backbone pass
     assert torch.allclose(from_rollout["values"][mask], scored["values"][mask], atol=1e-5)
     assert torch.allclose(features[mask], scored["critic_features"][mask], atol=1e-5)
@@ -119,7 +121,7 @@ def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread)
         backbone_of(trainer.actor).register_forward_pre_hook(
             lambda *_: passes.__setitem__(0, passes[0] + 1))
         trainer.step = 1
-        metrics = trainer._update(dict(rows), StageTimer())
+        metrics = trainer.updater.update(dict(rows), StageTimer())
         return {"metrics": metrics, "passes": passes[0],
                 "weights": [p.detach().clone() for p in trainer.actor.parameters()]
                 + [p.detach().clone() for p in trainer.critic.trainable_parameters()]}
@@ -153,11 +155,11 @@ def test_a_critic_update_cut_short_leaves_no_made_up_values(tmp_path, monkeypatc
     loss stops that pass after its first micro-batch: the rows it never reached have no values,
     so the step must be skipped, not trained on advantages made from zeros."""
     trainer = tiny_trainer(tmp_path, "critic.share_backbone=false", "actor.micro_batch_size=2")
-    assert trainer._critic_pass_gives_values(4)
+    assert trainer.updater._critic_pass_gives_values(4)
     monkeypatch.setattr(ppo, "value_loss", infinite_on_first_call(ppo.value_loss))
     before = [p.detach().clone() for p in trainer.actor.parameters()]
     trainer.step = 1
-    metrics = trainer._update(two_turn_batch(4), StageTimer())
+    metrics = trainer.updater.update(two_turn_batch(4), StageTimer())
     assert metrics["guard/skipped_updates"] >= 1
     assert all(torch.equal(a, p) for a, p in zip(before, trainer.actor.parameters()))
 
@@ -167,9 +169,9 @@ def test_an_actor_update_cut_short_reports_no_made_up_logprob_gap(tmp_path, monk
     """The actor's first pass gives the old log-probs row by row; after a non-finite loss the
     rows it never reached have none, so no sampler-trainer gap is reported from them."""
     trainer = tiny_trainer(tmp_path, "algorithm.adv_estimator=grpo", "actor.micro_batch_size=2")
-    assert trainer._first_pass_is_old(4)
+    assert trainer.updater._first_pass_is_old(4)
     monkeypatch.setattr(ppo, "policy_loss", infinite_on_first_call(ppo.policy_loss))
     trainer.step = 1
-    metrics = trainer._update(two_turn_batch(4), StageTimer())
+    metrics = trainer.updater.update(two_turn_batch(4), StageTimer())
     assert metrics["guard/skipped_updates"] == 1
     assert "rollout/logprob_gap_mean" not in metrics

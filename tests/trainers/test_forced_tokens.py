@@ -46,7 +46,7 @@ def actor_epoch(trainer, batch):
     params = [p for p in trainer.actor.parameters() if p.requires_grad]
     recorder = GradientRecorder(trainer.actor_optim)
     saved = [p.detach().clone() for p in params]
-    metrics, skipped = trainer._epochs(batch, trainer._actor_micro, trainer.actor_optim, params,
+    metrics, skipped = trainer.updater._epochs(batch, trainer.updater._actor_micro, trainer.actor_optim, params,
                                        grad_clip=1e9, epochs=1, role="actor")
     with torch.no_grad():
         for p, s in zip(params, saved):

@@ -21,7 +21,7 @@ def ten_steps(trainer) -> tuple[float, float]:
     batch = two_turn_batch(4)
     for step in range(1, STEPS + 1):
         trainer.step = step
-        metrics = trainer._update(batch, StageTimer())
+        metrics = trainer.updater.update(batch, StageTimer())
         assert metrics["guard/skipped_updates"] == 0
     changed = sum(int((p.detach().float() != b).sum()) for p, b in zip(params, before))
     total = sum(b.numel() for b in before)
@@ -61,7 +61,7 @@ def test_sampler_and_trainer_compute_in_the_same_precision(tmp_path, one_torch_t
                     "position_ids": torch.arange(len(prompt) + len(ids))[None],
                     "responses": torch.tensor([ids])}
         with torch.no_grad():
-            with trainer._precision():
+            with trainer.updater._precision():
                 same = response_logprobs(trainer.actor, sequence)[0][0]
             full = response_logprobs(trainer.actor, sequence)[0][0]
         sampled = torch.tensor(sampled)

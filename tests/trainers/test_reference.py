@@ -34,7 +34,7 @@ def kl_config(tmp_path, *, lora: int = 0, total_steps: int = 2):
 def logprobs(trainer, batch, *, reference: bool) -> torch.Tensor:
     if not reference:
         return response_logprobs(trainer.actor, batch)[0]
-    with trainer._reference() as ref:
+    with trainer.updater._reference() as ref:
         return response_logprobs(ref, batch)[0]
 
 

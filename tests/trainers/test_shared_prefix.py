@@ -219,15 +219,15 @@ def test_the_update_with_the_shared_prefix_equals_the_unshared_update(tmp_path, 
         recorders = {"actor": GradientRecorder(trainer.actor_optim),
                      "critic": GradientRecorder(trainer.critic_optim)}
         counter = TokenCounter(trainer.actor)
-        groups, actor_micro = [], trainer._actor_micro
+        groups, actor_micro = [], trainer.updater._actor_micro
 
         def recording(micro, size, prefix):
             groups.append(sorted(set(micro["group_index"].tolist())))
             return actor_micro(micro, size, prefix)
 
-        trainer._actor_micro = recording
+        trainer.updater._actor_micro = recording
         trainer.step = 1
-        metrics = trainer._update(shared_prompt_batch(), StageTimer())
+        metrics = trainer.updater.update(shared_prompt_batch(), StageTimer())
         assert metrics["guard/skipped_updates"] == 0
         out[share] = {"grads": {role: r.steps[0] for role, r in recorders.items()},
                       "weights": [p.detach().clone() for p in trainer.actor.parameters()],

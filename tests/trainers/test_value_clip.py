@@ -22,10 +22,10 @@ def critic_values_after(tmp_path, scale: str) -> tuple[float, float]:
     batch = two_turn_batch(8, turn_rewards=(0.0, 10.0))  # every model token's return: 10
     for step in range(1, STEPS + 1):
         trainer.step = step
-        metrics = trainer._update(batch, StageTimer())
+        metrics = trainer.updater.update(batch, StageTimer())
     assert metrics["critic/returns_mean"] == pytest.approx(10.0)
     mask = batch["response_mask"].float()
-    values = trainer._score(batch, StageTimer())["values"]
+    values = trainer.updater._score(batch, StageTimer())["values"]
     return float((values * mask).sum() / mask.sum()), metrics["critic/cliprange_value"]
 
 
