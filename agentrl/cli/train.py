@@ -84,7 +84,7 @@ def run(args: argparse.Namespace) -> int:
         if not args.dry_run:
             _find_vllm(config, args)
         return launch(config, dry_run=args.dry_run)
-    from agentrl.trainers.checkpoint import resume_checkpoint
+    from agentrl.trainers.resume import resume_checkpoint
     from agentrl.trainers.local import LocalTrainer
 
     resume_checkpoint(config.run_dir, config.resume, config.to_dict())  # before the model loads

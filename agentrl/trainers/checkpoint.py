@@ -1,13 +1,12 @@
 """Checkpoints a run can resume from: written atomically, found by step, the last K kept.
 
-    state = {"optimizers": {...}, "schedulers": {...}, "rng": capture_rng_state(), "step": 12}
+    state = {"optimizers": {...}, "schedulers": {...}, "step": 12}
     save_checkpoint(run_dir, 12, models={"actor": (model, tokenizer)},
                     tensors={"critic": value_head.state_dict(), "trainer_state": state},
                     config=cfg, keep_last=3)
-    path = resume_checkpoint(run_dir, "auto", cfg)  # newest intact one (or None), cfg checked
+    path = newest_intact_checkpoint(Path(run_dir) / CHECKPOINTS_DIR)  # a run: resume.py
     loaded = load_checkpoint(path)
     restore_weights(model, loaded.model_dirs["actor"])
-    restore_rng_state(loaded.tensors["trainer_state"]["rng"])
 
 Layout, one folder per step::
 
@@ -32,14 +31,13 @@ they are deleted, so a crash while pruning never leaves a folder that still look
 sizes and SHA-256 checksums (about a second per GB; the result is kept for the process while
 no file changes). ``resume=auto`` takes the newest *intact* checkpoint: a damaged newer one is
 named in a warning and skipped. When checkpoints exist and none is intact the run stops with a
-``ValueError`` naming each and why: starting over would overwrite the run's history. Resuming
-also refuses (:func:`check_resume`) a ``train.total_steps`` below the checkpoint's step and, unless
-``resume_config_changes=allow``, a config that differs from the checkpoint's in a key that
-changes training (the keys of :data:`RESUME_FREE_KEYS` may change freely). Manifests of older
-checkpoints (sizes only) are checked by size.
+``ValueError`` naming each and why: starting over would overwrite the run's history (what a
+resumed run may change: :mod:`agentrl.trainers.resume`). Manifests of older checkpoints (sizes
+only) are checked by size.
 
 **Loading.** ``*.pt`` files load with ``torch.load(weights_only=True)``: tensors, containers and
-plain numbers only, no pickled code (RNG states are stored in that form). Model folders are HF
+plain numbers only, no pickled code (:mod:`agentrl.trainers.rng_state` stores RNG states in
+that form). Model folders are HF
 folders: pass them to ``from_pretrained`` / ``load_model`` or restore into a built model with
 :func:`restore_weights` (keeps the parameter objects an optimizer already holds).
 """
@@ -51,7 +49,6 @@ import json
 import logging
 import os
 import pickle
-import random
 import re
 import shutil
 from collections.abc import Mapping, Sequence
@@ -60,18 +57,15 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import yaml
 
 from agentrl.trainers.tracking import fsync_dir, public_config
 
 __all__ = [
-    "CHECKPOINTS_DIR", "MARKER", "RESUME_CONFIG_CHANGES", "RESUME_FREE_KEYS", "RESUME_MODES",
-    "LoadedCheckpoint", "capture_rng_state", "check_resume", "checkpoint_problem",
+    "CHECKPOINTS_DIR", "CONFIG_FILE", "MARKER", "LoadedCheckpoint", "checkpoint_problem",
     "checkpoint_step", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-    "model_folder", "newest_intact_checkpoint", "restore_rng_state", "restore_weights",
-    "resume_checkpoint", "save_checkpoint",
+    "model_folder", "newest_intact_checkpoint", "restore_weights", "save_checkpoint",
 ]
 
 log = logging.getLogger(__name__)
@@ -79,15 +73,6 @@ log = logging.getLogger(__name__)
 CHECKPOINTS_DIR = "checkpoints"
 MARKER = "COMPLETE"
 CONFIG_FILE = "config.yaml"
-RESUME_MODES = ("auto", "never")
-RESUME_CONFIG_CHANGES = ("refuse", "allow")
-RESUME_FREE_KEYS = ("project", "experiment", "run_dir", "resume", "resume_config_changes",
-                    "device", "threads", "agents_file", "train.total_steps", "val.", "trainer.",
-                    "hardware.", "rollout.max_batch", "rollout.max_wait_ms",
-                    "rollout.prefix_cache_tokens", "sft.output_dir")
-"""Config keys (or ``section.`` prefixes) a resumed run may change without
-``resume_config_changes=allow``: where it writes, how long it runs, how it validates and logs,
-and batching settings that change speed, not results."""
 MODEL_FILES = ("config.json", "adapter_config.json")
 HASH_CHUNK = 1 << 22
 
@@ -372,80 +357,6 @@ def newest_intact_checkpoint(checkpoints: str | Path) -> Path | None:
     return None
 
 
-def resume_checkpoint(run_dir: str | Path, resume: str | Path | None,
-                      config: Mapping[str, Any] | None = None) -> Path | None:
-    """What the ``resume`` setting points at, verified: ``"auto"`` -> the newest intact
-    checkpoint of ``run_dir`` (:func:`newest_intact_checkpoint`), ``"never"``/``None`` ->
-    ``None``, anything else -> that checkpoint folder, which must be intact. With the run's
-    ``config`` (a plain mapping), :func:`check_resume` checks it against the checkpoint's."""
-    if resume is None or resume == "never":
-        return None
-    if resume == "auto":
-        try:
-            path = newest_intact_checkpoint(Path(run_dir) / CHECKPOINTS_DIR)
-        except ValueError as error:
-            raise ValueError(f"{error}. Nothing was started (a new run there would overwrite "
-                             "its history); allowed: resume=<an intact checkpoint folder>, or "
-                             "another run_dir") from None
-    else:
-        path = Path(resume)
-        if (problem := checkpoint_problem(path)) is not None:
-            raise ValueError(f"resume={str(resume)!r}: not an intact checkpoint folder "
-                             f"({problem}); allowed: {', '.join(RESUME_MODES)}, or the path of "
-                             "an intact checkpoint folder")
-    if path is not None and config is not None:
-        check_resume(path, config)
-    return path
-
-
-def check_resume(path: Path, config: Mapping[str, Any]) -> None:
-    """Refuse to resume ``path`` with ``config`` (a plain mapping) when its
-    ``train.total_steps`` is below the checkpoint's step, or when a key outside
-    :data:`RESUME_FREE_KEYS` changed and ``resume_config_changes`` is not ``allow`` (then the
-    changes are only logged)."""
-    step = checkpoint_step(path)
-    total = config.get("train", {}).get("total_steps")
-    if isinstance(total, int) and step is not None and total < step:
-        raise ValueError(f"train.total_steps={total} is below step {step} of the checkpoint "
-                         f"{path}; allowed: train.total_steps >= {step}, or resume=never with "
-                         "another run_dir")
-    saved_path = path / CONFIG_FILE
-    saved = yaml.safe_load(saved_path.read_text()) if saved_path.is_file() else None
-    if not isinstance(saved, dict):
-        return
-    changes = config_changes(saved, public_config(dict(config)))
-    if not changes:
-        return
-    listed = ", ".join(changes[:8]) + (f" and {len(changes) - 8} more" if len(changes) > 8 else "")
-    if config.get("resume_config_changes") == "allow":
-        log.warning("resuming %s with a changed config (resume_config_changes=allow): %s",
-                    path, listed)
-        return
-    raise ValueError(f"resume from {path} with a changed config: {listed}; allowed: the "
-                     "checkpoint's values, resume_config_changes=allow to go on with the new "
-                     "ones, or resume=never with another run_dir")
-
-
-def config_changes(saved: Mapping[str, Any], current: Mapping[str, Any]) -> list[str]:
-    """``"key: old -> new"`` for each key set in both configs that changed and is not free to
-    (keys only one side has, from another version, are left out)."""
-    old, new = _flat(saved), _flat(current)
-    return [f"{key}: {old[key]!r} -> {new[key]!r}" for key in old
-            if key in new and old[key] != new[key]
-            and not any(key == free or (free.endswith(".") and key.startswith(free))
-                        for free in RESUME_FREE_KEYS)]
-
-
-def _flat(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
-    flat: dict[str, Any] = {}
-    for key, value in config.items():
-        if isinstance(value, Mapping):
-            flat.update(_flat(value, f"{prefix}{key}."))
-        else:
-            flat[f"{prefix}{key}"] = value
-    return flat
-
-
 def model_folder(path: str | Path) -> Path:
     """The model folder ``path`` stands for, verified: a model folder (``config.json``, or a
     peft adapter) or ``.gguf`` file itself; a checkpoint folder's ``actor/``; a run folder's
@@ -539,47 +450,3 @@ def restore_weights(model: Any, folder: str | Path) -> None:
     if missing or result.unexpected_keys:
         raise ValueError(f"{folder} does not match the model: missing {missing[:5]}, "
                          f"unexpected {result.unexpected_keys[:5]}")
-
-
-# --- random number generators --------------------------------------------------------------
-
-def capture_rng_state(generators: Mapping[str, torch.Generator] | None = None) -> dict[str, Any]:
-    """The state of Python's ``random``, numpy's global RNG, torch's CPU (and CUDA) RNG and of
-    the named ``generators``, as tensors and plain values (``torch.load(weights_only=True)``
-    reads them back)."""
-    np_state = np.random.get_state(legacy=False)
-    state: dict[str, Any] = {
-        "python": random.getstate(),
-        "numpy": {**np_state, "state": {"key": np_state["state"]["key"].tolist(),
-                                        "pos": int(np_state["state"]["pos"])}},
-        "torch": torch.get_rng_state(),
-        "generators": {name: g.get_state() for name, g in (generators or {}).items()},
-    }
-    if torch.cuda.is_available():
-        state["cuda"] = torch.cuda.get_rng_state_all()
-    return state
-
-
-def restore_rng_state(state: Mapping[str, Any],
-                      generators: Mapping[str, torch.Generator] | None = None) -> None:
-    """Put back what :func:`capture_rng_state` took: the next draws repeat the ones after it.
-    States may have been loaded onto a GPU (``load_checkpoint(map_location="cuda")``); torch
-    takes them from the CPU."""
-    random.setstate(_as_tuple(state["python"]))
-    np_state = dict(state["numpy"])
-    np_state["state"] = {"key": np.asarray(np_state["state"]["key"], dtype=np.uint32),
-                         "pos": np_state["state"]["pos"]}
-    np.random.set_state(np_state)
-    torch.set_rng_state(state["torch"].cpu())
-    if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all([s.cpu() for s in state["cuda"][:torch.cuda.device_count()]])
-    saved = state.get("generators", {})
-    for name, generator in (generators or {}).items():
-        if name not in saved:
-            raise KeyError(f"no saved state for generator {name!r} (saved: {sorted(saved)})")
-        generator.set_state(saved[name].cpu())
-
-
-def _as_tuple(value: Any) -> Any:
-    """Python's RNG state is nested tuples; keep it so after any list conversion."""
-    return tuple(_as_tuple(v) for v in value) if isinstance(value, (list, tuple)) else value

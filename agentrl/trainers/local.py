@@ -56,10 +56,7 @@ from agentrl.rollout import (branch_metrics, distance_shaping, drop_uniform_grou
                              filter_groups, normalize_returns, rollout_metrics, run_groups,
                              step_advantages, to_batch, turn_samples)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
-from agentrl.trainers.checkpoint import (
-    capture_rng_state, load_checkpoint, restore_rng_state, restore_weights, resume_checkpoint,
-    save_checkpoint,
-)
+from agentrl.trainers.checkpoint import load_checkpoint, restore_weights, save_checkpoint
 from agentrl.trainers.device import resolve_device
 from agentrl.trainers.episode_log import EpisodeLog
 from agentrl.trainers.guards import collapse_metrics
@@ -68,6 +65,8 @@ from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.policy import ValueModel
 from agentrl.trainers.ppo_update import PPOUpdate, needs_reference
 from agentrl.trainers.reference import Reference
+from agentrl.trainers.resume import resume_checkpoint
+from agentrl.trainers.rng_state import capture_rng_state, restore_rng_state
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.tracking import RunTracker
 from agentrl.trainers.warm_start import WarmStart

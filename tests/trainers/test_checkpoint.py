@@ -14,16 +14,15 @@ import torch
 
 from agentrl.trainers import checkpoint as ckpt
 from agentrl.trainers.checkpoint import (
-    capture_rng_state,
     checkpoint_step,
     latest_checkpoint,
     list_checkpoints,
     load_checkpoint,
-    restore_rng_state,
     restore_weights,
-    resume_checkpoint,
     save_checkpoint,
 )
+from agentrl.trainers.resume import resume_checkpoint
+from agentrl.trainers.rng_state import capture_rng_state, restore_rng_state
 
 
 def steps(run_dir) -> list[int]:

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from agentrl.trainers.checkpoint import (
-    MARKER, check_resume, checkpoint_problem, load_checkpoint, model_folder, resume_checkpoint,
-    save_checkpoint,
+    MARKER, checkpoint_problem, load_checkpoint, model_folder, save_checkpoint,
 )
+from agentrl.trainers.resume import check_resume, resume_checkpoint
 
 CONFIG = {"train": {"total_steps": 10, "presets": ["banditAgent"]}, "actor": {"lr": 1e-5},
           "trainer": {"save_freq": 1}, "resume_config_changes": "refuse"}
