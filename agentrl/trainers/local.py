@@ -71,7 +71,7 @@ from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.tracking import RunTracker
 from agentrl.trainers.warm_start import WarmStart
 
-__all__ = ["LocalTrainer", "RunResult", "StageTimer"]
+__all__ = ["LocalTrainer", "RunResult"]
 
 log = logging.getLogger("agentrl.train")
 

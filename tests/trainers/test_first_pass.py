@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from agentrl.trainers import ppo
-from agentrl.trainers.local import StageTimer
+from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.ppo_update import PPOUpdate
 from agentrl.trainers.policy import backbone_of
 from update_fixtures import GradientRecorder, relative_difference, tiny_trainer, two_turn_batch

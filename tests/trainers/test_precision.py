@@ -7,7 +7,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from agentrl.trainers.local import StageTimer
+from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.policy import response_logprobs
 from update_fixtures import tiny_trainer, two_turn_batch
 

@@ -16,7 +16,7 @@ import torch
 from agentrl.engines.constrained import TokenMask
 from agentrl.rollout import to_batch
 from agentrl.rollout.records import Trajectory
-from agentrl.trainers.local import StageTimer
+from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.microbatch import micro_rows, prefix_order
 from agentrl.trainers.policy import ValueModel, backbone_of, checkpointing, response_logprobs
 from agentrl.trainers.shared_prefix import plan_prefix_runs, shared_prefix_length

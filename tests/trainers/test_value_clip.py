@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.trainers.local import StageTimer
+from agentrl.trainers.timing import StageTimer
 from update_fixtures import tiny_trainer, two_turn_batch
 
 STEPS = 3
