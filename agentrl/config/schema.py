@@ -303,6 +303,10 @@ class CriticConfig(Section):
     """Value head on the actor's backbone (saves a model's memory; the two losses interact)."""
     ppo_epochs: int | None = setting(None, at_least(1), "null or an integer >= 1")
     """Passes over the batch per step (null = actor.ppo_epochs)."""
+    pretrain_steps: int = setting(0, at_least(0), "an integer >= 0")
+    """The first N PPO steps (after the warm start) update the critic only: the actor's first
+    update then reads values fitted to its own returns, not a new value head's guesses (verl's
+    ``trainer.critic_warmup``, which counts N + 1)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -545,6 +549,16 @@ class TrainConfig(Section):
             check_env_kwargs(self.agents[name], f"agents.{name}")
 
     def _check_batches(self) -> None:
+        pretrain = self.critic.pretrain_steps
+        if pretrain and self.algorithm.adv_estimator != "gae":
+            raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed with "
+                             f"algorithm.adv_estimator={self.algorithm.adv_estimator!r} (no "
+                             "critic to train); allowed: 0, or adv_estimator='gae'")
+        if pretrain and self.train.sft_steps + pretrain >= self.train.total_steps:
+            raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed: with "
+                             f"train.sft_steps={self.train.sft_steps} it leaves no actor update "
+                             f"in train.total_steps={self.train.total_steps}; allowed: an "
+                             f"integer in [0, {max(0, self.train.total_steps - self.train.sft_steps - 1)}]")
         if (self.algorithm.adv_estimator == "grpo" and self.train.group_size < 2
                 and not self.rollout.turn_branches):
             raise ValueError(f"train.group_size={self.train.group_size} is not allowed with "

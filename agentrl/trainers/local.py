@@ -342,7 +342,9 @@ class LocalTrainer:
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
-        metrics.update(self.updater.update(batch, timer, step))
+        # critic.pretrain_steps: the first PPO steps fit the critic to the policy's returns
+        actor_learns = step > config.train.sft_steps + config.critic.pretrain_steps
+        metrics.update(self.updater.update(batch, timer, step, update_actor=actor_learns))
         metrics.update(timer.metrics())
         return metrics
 

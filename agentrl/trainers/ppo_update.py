@@ -81,10 +81,12 @@ class PPOUpdate:
             clip_ratio_high=actor_settings.clip_ratio_high,
             clip_ratio_c=actor_settings.clip_ratio_c, loss_agg_mode=actor_settings.loss_agg_mode)
 
-    def update(self, batch: dict[str, torch.Tensor], timer: StageTimer, step: int = 0
-               ) -> dict[str, float]:
+    def update(self, batch: dict[str, torch.Tensor], timer: StageTimer, step: int = 0, *,
+               update_actor: bool = True) -> dict[str, float]:
         """Score ``batch``, compute its advantages, update the critic then the actor; metrics.
-        ``step`` seeds the mini-batch shuffle (the same step shuffles alike after a resume)."""
+        ``step`` seeds the mini-batch shuffle (the same step shuffles alike after a resume);
+        ``update_actor=False`` updates the critic only (``critic.pretrain_steps``), and the
+        actor's learning-rate schedule waits with it."""
         self.step = step
         config, algo = self.config, self.config.algorithm
         metrics: dict[str, float] = {}
@@ -92,7 +94,8 @@ class PPOUpdate:
         n = batch["responses"].shape[0]
         first_pass_is_old = self._first_pass_is_old(n, "rollout_features" in batch)
         critic_pass_values = self._critic_pass_gives_values(n, batch["episode_index"])
-        scored = self._score(batch, timer, old_logprobs=not first_pass_is_old,
+        needs_old = update_actor or algo.use_kl_in_reward
+        scored = self._score(batch, timer, old_logprobs=needs_old and not first_pass_is_old,
                              values=not critic_pass_values)
         with timer("advantages"):
             rewards = batch["token_level_rewards"].float()
@@ -142,17 +145,21 @@ class PPOUpdate:
             metrics["critic/cliprange_value"] = clip
             critic_metrics, skipped = self._critic_update(batch, timer, clip)
             metrics.update(critic_metrics)
-        with timer("actor"):
-            actor_metrics, s = self._epochs(batch, self._actor_micro, self.actor_optim,
-                                            [p for p in self.actor.parameters() if p.requires_grad],
-                                            config.actor.grad_clip, config.actor.ppo_epochs, "actor")
+        if update_actor:
+            with timer("actor"):
+                actor_metrics, s = self._epochs(
+                    batch, self._actor_micro, self.actor_optim,
+                    [p for p in self.actor.parameters() if p.requires_grad],
+                    config.actor.grad_clip, config.actor.ppo_epochs, "actor")
             metrics.update(actor_metrics)
             skipped += s
-        if first_pass_is_old:
-            scored["old"] = self._first_pass_logprobs
-        if all_finite(scored["old"]):  # a first pass stopped by a non-finite loss has gaps
-            metrics.update(logprob_gap(batch["rollout_log_probs"], scored["old"], mask))
-        self.actor_sched.step()
+            if first_pass_is_old:
+                scored["old"] = self._first_pass_logprobs
+            self.actor_sched.step()
+        metrics["actor/updated"] = float(update_actor)
+        old = scored.get("old")
+        if old is not None and all_finite(old):  # a first pass stopped by a non-finite loss
+            metrics.update(logprob_gap(batch["rollout_log_probs"], old, mask))  # has gaps
         if self.critic_sched is not None:
             self.critic_sched.step()
         metrics["actor/lr"] = self.actor_sched.get_last_lr()[0]

@@ -103,7 +103,7 @@ def test_our_keys_reach_verls(tmp_path):
         "train.total_steps=7", f"resume={checkpoint}", "rollout.top_k=0", "lora.rank=8",
         "model.chat_template=chatml", "critic.ppo_epochs=3", "actor.ppo_mini_batch_size=64",
         "trainer.logger=[console]", "val.group_size=2", "verl.trainer=v1",
-        "verl.overrides=['trainer.critic_warmup=2','algorithm.lam=0.9']"])
+        "critic.pretrain_steps=2", "verl.overrides=['trainer.log_val_generations=4','algorithm.lam=0.9']"])
     assert at(cfg, "trainer.test_freq") == -1                      # 0 = never
     assert at(cfg, "trainer.save_freq") == 7                       # 0 = only at the end
     assert at(cfg, "trainer.resume_mode") == "resume_path"
@@ -118,7 +118,8 @@ def test_our_keys_reach_verls(tmp_path):
     assert at(cfg, "trainer.use_v1") is True
     assert at(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") == \
         "agentrl.verl.agent_loop_v1.GameAgentLoopManagerTQ"
-    assert at(cfg, "trainer.critic_warmup") == 2
+    assert at(cfg, "trainer.critic_warmup") == 3  # verl's steps count from 1: 2 critic-only
+    assert at(cfg, "trainer.log_val_generations") == 4
     assert at(cfg, "algorithm.lam") == 0.9                         # raw overrides win
     assert config.algorithm.lam == 1.0
 
