@@ -48,7 +48,7 @@ from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.update_loop import UpdateShape, run_epochs
 
-__all__ = ["PPOUpdate", "needs_reference"]
+__all__ = ["PPOUpdate", "explained_variance", "needs_reference"]
 
 log = logging.getLogger("agentrl.train")
 
@@ -56,6 +56,17 @@ log = logging.getLogger("agentrl.train")
 def needs_reference(config: Any) -> bool:
     """Whether a KL term (in the reward or in the loss) needs the frozen reference policy."""
     return config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
+
+
+def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
+    """``1 - Var(returns - values) / Var(returns)`` over model tokens, as verl logs it
+    (``critic/vf_explained_var``): 1 is a critic that predicts every return, 0 one no better
+    than their mean, below 0 one that adds noise; NaN when the returns are all equal."""
+    chosen = mask.bool()
+    target, predicted = returns[chosen].float(), values[chosen].float()
+    if target.numel() < 2 or float(target.var()) < 1e-8:  # equal returns: nothing to explain
+        return float("nan")
+    return float(1.0 - (target - predicted).var() / (target.var() + 1e-5))
 
 
 class PPOUpdate:
@@ -139,6 +150,8 @@ class PPOUpdate:
             if key in scored:
                 batch[key] = scored[key]
         metrics["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
+        if scored.get("values") is not None:
+            metrics["critic/vf_explained_var"] = explained_variance(returns, scored["values"], mask)
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
         if self.critic is not None and not critic_pass_values:
             clip = self._value_clip(returns, mask)

@@ -4,11 +4,16 @@ tests/verl/test_launch.py)."""
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
 from agentrl.config import compose_config
 from agentrl.trainers.local import LocalTrainer
+from agentrl.trainers.ppo_update import explained_variance
+from agentrl.trainers.timing import StageTimer
+from update_fixtures import tiny_trainer, two_turn_batch
 
 
 def weights(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -61,3 +66,31 @@ def test_pretrain_steps_count_after_the_warm_start(tmp_path):
 def test_pretraining_without_a_critic_or_an_actor_update_is_refused(tmp_path, overrides, key):
     with pytest.raises(ValueError, match=key):
         bandit_config(tmp_path, *overrides)
+
+
+def test_explained_variance_tells_a_fitted_critic_from_a_blind_one():
+    returns = torch.tensor([[1.0, 1.0, 0.0], [-2.0, -2.0, -2.0], [5.0, 0.0, 0.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 1, 1], [1, 0, 0]])
+    assert explained_variance(returns, returns.clone(), mask) == pytest.approx(1.0, abs=1e-5)
+    assert explained_variance(returns, torch.zeros_like(returns) + 0.3, mask) == \
+        pytest.approx(0.0, abs=1e-5)  # a constant: no better than the mean
+    assert explained_variance(returns, -returns, mask) < 0  # worse than the mean
+    masked_out = returns.clone()
+    masked_out[0, 2] = 100.0  # padding never counts
+    assert explained_variance(masked_out, returns, mask) == pytest.approx(1.0, abs=1e-5)
+    assert math.isnan(explained_variance(torch.ones(2, 3), torch.zeros(2, 3), mask[:2]))
+
+
+@pytest.mark.parametrize("estimator", ["gae", "grpo"])
+def test_an_update_with_a_critic_logs_how_much_of_the_returns_it_explains(tmp_path,
+                                                                         one_torch_thread,
+                                                                         estimator):
+    trainer = tiny_trainer(tmp_path, f"algorithm.adv_estimator={estimator}")
+    try:
+        metrics = trainer.updater.update(two_turn_batch(4), StageTimer())
+    finally:
+        trainer.close()
+    if estimator == "grpo":  # no critic, nothing to explain
+        assert "critic/vf_explained_var" not in metrics
+    else:  # the new head predicts 0 everywhere: no better than the returns' mean
+        assert metrics["critic/vf_explained_var"] == pytest.approx(0.0, abs=0.05)
