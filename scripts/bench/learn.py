@@ -54,8 +54,10 @@ counting from its first step.
 ``--only-seed S`` (repeatable) runs only those training seeds, so processes sharing one
 ``--run-dir`` can split a benchmark by seed; a last run without it reads every stage back and
 writes the whole table.
-Finished runs' checkpoints (of the process's own seeds) are deleted at the end unless
-``--keep-checkpoints`` (a 135M model with its optimizer state is ~1.6 GB a run). The SFT stage
+The checkpoints of the stages a process trains are deleted at its end unless
+``--keep-checkpoints`` (a 135M model with its optimizer state is ~1.6 GB a run); the stages it
+only reads back (a shared warm start, a run kept with ``--keep-checkpoints``) and those of
+other processes sharing ``--run-dir`` keep theirs. The SFT stage
 saves its AdamW moments with its model (``sft.save_optimizer``; not with LoRA), so a lever with
 ``actor.warm_optimizer=true`` starts PPO from them.
 
@@ -109,6 +111,8 @@ from agentrl.trainers.tracking import read_metrics
 
 BANDIT = "first-token-bandit"
 STAGE_FILE = "stage.json"
+TRAINED_STAGES: set[Path] = set()
+"""The stage folders this process trained (made or extended): the only checkpoints it prunes."""
 OUTPUT = script_module(Path(__file__).parent / "output" / "learn.py")
 """The table and the plot (scripts/bench/output/learn.py)."""
 VERL = script_module(Path(__file__).parent / "learn_verl.py")
@@ -168,7 +172,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--out", default="bench_results/learn.json",
                         help="JSON output path; the plot goes beside it as .png")
     parser.add_argument("--keep-checkpoints", action="store_true",
-                        help="keep finished runs' checkpoints (default: deleted at the end)")
+                        help="keep the checkpoints of the stages this run trains (default: deleted "
+                             "at the end; stages only read back always keep theirs)")
     parser.add_argument("--compare", nargs="+", default=None, metavar="VARIANT",
                         help="agent settings over --preset, KEY=VALUE[,KEY=VALUE]: every "
                              "recipe runs once per variant (e.g. enable_think=true "
@@ -319,6 +324,7 @@ def save_stage(folder: Path, settings: dict[str, Any], record: dict[str, Any]) -
     record = {"settings": settings, **record}
     folder.mkdir(parents=True, exist_ok=True)
     (folder / STAGE_FILE).write_text(json.dumps(record, indent=1))
+    TRAINED_STAGES.add(folder)
     return record
 
 
@@ -676,20 +682,22 @@ def run_variant(args: argparse.Namespace, variant: str | None) -> dict[str, Any]
             "runs": runs}
 
 
-def prune_checkpoints(run_dir: Path, seeds: Iterable[int]) -> None:
-    """Delete the finished runs' checkpoints of ``seeds`` alone: another process sharing
-    ``run_dir`` with ``--only-seed`` may still be training (and resuming from) its own."""
-    for seed in seeds:
-        for folder in run_dir.glob(f"**/seed_{seed}/{CHECKPOINTS_DIR}"):
-            shutil.rmtree(folder)
+def prune_checkpoints(stages: Iterable[Path]) -> None:
+    """Delete the checkpoints of these stage folders alone (:data:`TRAINED_STAGES`): a warm start
+    this process read back may start another lever's PPO later, a run kept with
+    ``--keep-checkpoints`` may go on to more steps, and another process sharing the run folder
+    (``--only-seed``) may still be training (and resuming from) its own."""
+    for folder in stages:
+        shutil.rmtree(folder / CHECKPOINTS_DIR, ignore_errors=True)
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
+    TRAINED_STAGES.clear()  # this call's stages only (tests call main more than once)
     base = Configs(args).build(constrained=True)
     parts = [run_variant(args, variant) for variant in args.compare or [None]]
     if not args.keep_checkpoints:
-        prune_checkpoints(args.run_dir, args.only_seed or range(args.seeds))
+        prune_checkpoints(TRAINED_STAGES)
     result = {
         "model": base.model.name, "preset": args.preset, "recipes": args.recipes,
         "variants": args.compare, "levers": args.levers, "seeds": args.seeds,

@@ -46,7 +46,7 @@ def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsy
     table = capsys.readouterr().out
     for label in ("untrained", "sft_ppo", "random policy", "oracle policy", "before", "gain"):
         assert label in table
-    assert not list((tmp_path / "runs").glob("*/seed_*/checkpoints"))  # pruned at the end
+    assert not list((tmp_path / "runs").glob("*/seed_*/checkpoints"))  # all trained, pruned
 
     bench.main(smoke_args(tmp_path))  # the finished stages are read back, not run again
     again = json.loads((tmp_path / "learn.json").read_text())
@@ -135,17 +135,23 @@ def test_val_every_records_a_held_out_curve_per_seed(bench, tmp_path, one_torch_
     assert Path(result["plot"]).stat().st_size > 0
 
 
-def test_pruning_leaves_other_processes_seeds_checkpoints(bench, tmp_path):
-    """A process split off with --only-seed deletes its own seeds' checkpoints at the end, not
-    those of a process still training another seed in the same --run-dir."""
-    mine = tmp_path / "sft_ppo" / "seed_1" / "checkpoints" / "step_000002"
-    training = tmp_path / "ppo_constrained" / "seed_0" / "checkpoints" / "step_000005"
-    for folder in (mine, training):
-        folder.mkdir(parents=True)
-        (folder / "model.safetensors").write_bytes(b"weights")
-    bench.prune_checkpoints(tmp_path, [1])
-    assert not mine.parent.exists()
-    assert (training / "model.safetensors").read_bytes() == b"weights"
+def test_pruning_leaves_the_checkpoints_of_stages_it_did_not_train(bench, tmp_path):
+    """A process deletes the checkpoints of the stages it trained, not those it read back (the
+    warm start a lever shares, another lever's kept run: of the same seed) nor those of a
+    process still training another seed in the same --run-dir."""
+    bench.TRAINED_STAGES.clear()
+    trained = tmp_path / "sft_ppo@hot" / "seed_1"
+    read_back = [tmp_path / "sft" / "seed_1", tmp_path / "sft_ppo@warm" / "seed_1",
+                 tmp_path / "ppo_constrained" / "seed_0"]
+    for folder in (trained, *read_back):
+        (folder / "checkpoints" / "step_000002").mkdir(parents=True)
+        (folder / "checkpoints" / "step_000002" / "model.safetensors").write_bytes(b"weights")
+    bench.save_stage(trained, {"steps": 2}, {"checkpoint": None})
+    bench.prune_checkpoints(bench.TRAINED_STAGES)
+    assert not (trained / "checkpoints").exists()
+    for folder in read_back:
+        assert (folder / "checkpoints" / "step_000002" / "model.safetensors").read_bytes() == \
+            b"weights"
 
 
 def test_a_finished_ppo_stage_goes_on_to_more_steps_only_from_its_checkpoint(bench, tmp_path):
