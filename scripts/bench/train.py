@@ -133,11 +133,11 @@ def _count_update_tokens(trainer: LocalTrainer) -> list[tuple[int, int, int]]:
 
     trainer.actor.get_input_embeddings().register_forward_hook(count_read)
 
-    def counting(batch, timer, step=0):
+    def counting(batch, timer, step=0, **options):
         mask = batch["attention_mask"]
         read[0], inside[0] = 0, True
         try:
-            return real(batch, timer, step)
+            return real(batch, timer, step, **options)
         finally:
             inside[0] = False
             box.append((int(mask.sum()), mask.shape[0], read[0]))  # tokens, rows, tokens read
