@@ -140,9 +140,9 @@ class PPOUpdate:
             metrics["actor/step_advantages_nonzero"] = float(
                 (batch["step_advantages"] != 0).float().sum() / mask.sum().clamp(min=1))
         batch.update(advantages=advantages, returns=returns)
-        if first_pass_is_old:  # filled by the actor's update, row by row (NaN: not reached)
-            self._first_pass_logprobs = torch.full_like(mask, float("nan"))
-        else:
+        if update_actor and first_pass_is_old:  # filled by the actor's update, row by row
+            self._first_pass_logprobs = torch.full_like(mask, float("nan"))  # NaN: not reached
+        elif update_actor:
             batch["old_logprobs"] = scored["old"]
         if "ref" in scored:
             batch["ref_logprobs"] = scored["ref"]

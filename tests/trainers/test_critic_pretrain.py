@@ -33,8 +33,10 @@ def bandit_config(run_dir, *overrides: str):
         "critic.lr=1e-2", "threads=1", *overrides])
 
 
-def test_the_actor_waits_while_the_critic_learns(tmp_path, one_torch_thread):
-    trainer = LocalTrainer(bandit_config(tmp_path, "critic.pretrain_steps=2"))
+@pytest.mark.parametrize("epochs", [1, 2])  # 2: old log-probs from a pass of their own
+def test_the_actor_waits_while_the_critic_learns(tmp_path, one_torch_thread, epochs):
+    trainer = LocalTrainer(bandit_config(tmp_path, "critic.pretrain_steps=2",
+                                         f"actor.ppo_epochs={epochs}"))
     try:
         seen = []
         for step in (1, 2, 3):
