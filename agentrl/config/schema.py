@@ -490,6 +490,7 @@ class TrainConfig(Section):
             object.__setattr__(self, "agents_file", Path.cwd() / self.agents_file.expanduser())
         self._check_presets()
         self._check_batches()
+        self._check_critic()
         self._check_sft()
         self._check_token_budget()
         if self.backend == "verl":
@@ -548,17 +549,20 @@ class TrainConfig(Section):
         for name in dict.fromkeys(self.train.presets + self.val.presets + self.sft.presets):
             check_env_kwargs(self.agents[name], f"agents.{name}")
 
-    def _check_batches(self) -> None:
+    def _check_critic(self) -> None:
         pretrain = self.critic.pretrain_steps
         if pretrain and self.algorithm.adv_estimator != "gae":
             raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed with "
                              f"algorithm.adv_estimator={self.algorithm.adv_estimator!r} (no "
                              "critic to train); allowed: 0, or adv_estimator='gae'")
-        if pretrain and self.train.sft_steps + pretrain >= self.train.total_steps:
+        most = self.train.total_steps - self.train.sft_steps - 1  # one actor update left
+        if pretrain > most:
             raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed: with "
                              f"train.sft_steps={self.train.sft_steps} it leaves no actor update "
                              f"in train.total_steps={self.train.total_steps}; allowed: an "
-                             f"integer in [0, {max(0, self.train.total_steps - self.train.sft_steps - 1)}]")
+                             f"integer in [0, {max(0, most)}]")
+
+    def _check_batches(self) -> None:
         if (self.algorithm.adv_estimator == "grpo" and self.train.group_size < 2
                 and not self.rollout.turn_branches):
             raise ValueError(f"train.group_size={self.train.group_size} is not allowed with "

@@ -63,8 +63,8 @@ from agentrl.trainers.guards import collapse_metrics
 from agentrl.trainers.moments import carry_moments, saved_moments
 from agentrl.trainers.plots import plot_learning_curves, reference_success
 from agentrl.trainers.policy import ValueModel
-from agentrl.trainers.ppo_update import PPOUpdate, needs_reference
-from agentrl.trainers.reference import Reference
+from agentrl.trainers.ppo_update import PPOUpdate
+from agentrl.trainers.reference import Reference, needs_reference
 from agentrl.trainers.resume import resume_checkpoint
 from agentrl.trainers.rng_state import capture_rng_state, restore_rng_state
 from agentrl.trainers.timing import StageTimer

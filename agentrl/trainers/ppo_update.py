@@ -48,14 +48,9 @@ from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.update_loop import UpdateShape, run_epochs
 
-__all__ = ["PPOUpdate", "explained_variance", "needs_reference"]
+__all__ = ["PPOUpdate", "explained_variance"]
 
 log = logging.getLogger("agentrl.train")
-
-
-def needs_reference(config: Any) -> bool:
-    """Whether a KL term (in the reward or in the loss) needs the frozen reference policy."""
-    return config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
 
 
 def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor) -> float:
@@ -220,7 +215,7 @@ class PPOUpdate:
                         parts["values"].append(pad_responses(self.critic.values_from(features),
                                                              length))
                         parts["critic_features"].append(pad_responses(features, length))
-                if needs_reference(self.config):
+                if self.reference is not None:  # a KL term is on
                     with timer("ref"), self._reference() as ref, self._precision():
                         ref_logprobs = response_logprobs(ref, micro, temperature=temperature,
                                                          shared_prefix_tokens=share,

@@ -28,7 +28,12 @@ from typing import Any, Iterator
 
 import torch
 
-__all__ = ["Reference"]
+__all__ = ["Reference", "needs_reference"]
+
+
+def needs_reference(config: Any) -> bool:
+    """Whether a KL term (in the reward or in the loss) needs the frozen reference policy."""
+    return config.algorithm.use_kl_in_reward or config.actor.use_kl_loss
 
 
 class Reference:

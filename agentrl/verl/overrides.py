@@ -232,7 +232,8 @@ def _trainer(config: TrainConfig) -> dict[str, Any]:
         "trainer.test_freq": config.val.test_freq or -1,   # verl: -1 = never
         "trainer.val_before_train": config.val.before_train,
         # verl updates the actor from step critic_warmup on (its steps count from 1)
-        "trainer.critic_warmup": config.critic.pretrain_steps + 1 if config.critic.pretrain_steps else 0,
+        "trainer.critic_warmup": (config.critic.pretrain_steps + 1
+                                  if config.critic.pretrain_steps else 0),
         "trainer.default_local_dir": str(config.run_dir / "checkpoints"),
         "trainer.max_actor_ckpt_to_keep": t.keep_last,
         "trainer.max_critic_ckpt_to_keep": t.keep_last,

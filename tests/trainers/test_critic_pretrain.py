@@ -54,9 +54,13 @@ def test_the_actor_waits_while_the_critic_learns(tmp_path, one_torch_thread, epo
 
 
 def test_pretrain_steps_count_after_the_warm_start(tmp_path):
+    """5 steps, 2 of them the warm start's: at most 2 critic-only steps leave an actor update."""
     config = bandit_config(tmp_path, "train.total_steps=5", "train.sft_steps=2",
                            "critic.pretrain_steps=2")
-    assert config.train.sft_steps + config.critic.pretrain_steps < config.train.total_steps
+    assert config.critic.pretrain_steps == 2
+    with pytest.raises(ValueError, match=r"allowed: an integer in \[0, 2\]"):
+        bandit_config(tmp_path, "train.total_steps=5", "train.sft_steps=2",
+                      "critic.pretrain_steps=3")
 
 
 @pytest.mark.parametrize("overrides, key", [
