@@ -20,6 +20,7 @@ REACHED_THROUGH = {
     "agentrl.cli.report": "tests/report/test_report.py",
     "agentrl.cli.sft": "tests/test_bad_inputs.py",
     "agentrl.cli.train": "tests/test_cli_train.py",
+    "agentrl.config.rules": "tests/config/test_config.py",  # TrainConfig's cross-key refusals
     "agentrl.config.verl_rules": "tests/verl/test_launch.py",  # TrainConfig's verl refusals
     "agentrl.verl.agent_loop_v1": "tests/verl/test_agent_loop.py",  # loaded by its FQN
     "agentrl.verl.rows": "tests/verl/test_agent_loop.py",  # the loop's rows, through verl's workers

@@ -35,7 +35,8 @@ from agentrl.agents.config import AgentConfig, agent_presets_from_dict, check_en
 from agentrl.config.fields import (
     Section, at_least, build_section, non_empty, positive, setting, unit_interval,
 )
-from agentrl.config.verl_rules import check_verl, divisors
+from agentrl.config.rules import check_cross_keys
+from agentrl.config.verl_rules import check_verl
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
@@ -489,10 +490,8 @@ class TrainConfig(Section):
         if self.agents_file is not None:
             object.__setattr__(self, "agents_file", Path.cwd() / self.agents_file.expanduser())
         self._check_presets()
-        self._check_batches()
-        self._check_critic()
         self._check_sft()
-        self._check_token_budget()
+        check_cross_keys(self)
         if self.backend == "verl":
             check_verl(self)
         elif self.model.dtype == "float16":
@@ -549,41 +548,6 @@ class TrainConfig(Section):
         for name in dict.fromkeys(self.train.presets + self.val.presets + self.sft.presets):
             check_env_kwargs(self.agents[name], f"agents.{name}")
 
-    def _check_critic(self) -> None:
-        pretrain = self.critic.pretrain_steps
-        if pretrain and self.algorithm.adv_estimator != "gae":
-            raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed with "
-                             f"algorithm.adv_estimator={self.algorithm.adv_estimator!r} (no "
-                             "critic to train); allowed: 0, or adv_estimator='gae'")
-        most = self.train.total_steps - self.train.sft_steps - 1  # one actor update left
-        if pretrain > most:
-            raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed: with "
-                             f"train.sft_steps={self.train.sft_steps} it leaves no actor update "
-                             f"in train.total_steps={self.train.total_steps}; allowed: an "
-                             f"integer in [0, {max(0, most)}]")
-
-    def _check_batches(self) -> None:
-        if (self.algorithm.adv_estimator == "grpo" and self.train.group_size < 2
-                and not self.rollout.turn_branches):
-            raise ValueError(f"train.group_size={self.train.group_size} is not allowed with "
-                             "algorithm.adv_estimator='grpo' (it compares the episodes of a "
-                             "group); allowed: an integer >= 2, adv_estimator='gae', or "
-                             "rollout.turn_branches >= 1 (it compares each turn's replies)")
-        if self.algorithm.distance_shaping and self.rollout.reward_placement != "turn":
-            raise ValueError(f"algorithm.distance_shaping={self.algorithm.distance_shaping} is "
-                             "not allowed with rollout.reward_placement='last' (it shapes each "
-                             "turn's reward); allowed: 0, or reward_placement='turn'")
-        batch, mini = self.kept_trajectories, self.actor.ppo_mini_batch_size
-        if mini is not None and batch % mini:
-            raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "
-                             f"{batch} trajectories (ceil(rollout.filter_ratio * "
-                             f"train.group_num) * train.group_size); allowed: null or one of "
-                             f"{divisors(batch)}")
-        if mini is not None and self.actor.micro_batch_size > mini:
-            raise ValueError(f"actor.micro_batch_size={self.actor.micro_batch_size} is not "
-                             f"allowed: it exceeds actor.ppo_mini_batch_size={mini}; allowed: "
-                             f"an integer in [1, {mini}]")
-
     def _check_sft(self) -> None:
         sft = self.sft
         if sft.micro_batch_size > sft.mini_batch_size:
@@ -597,16 +561,6 @@ class TrainConfig(Section):
             raise ValueError(f"{key}=true is not allowed with lora.rank={self.lora.rank}: the "
                              "warm start merges its adapter into the weights, so its moments "
                              "belong to no parameter PPO trains; allowed: false, or lora.rank=0")
-
-    def _check_token_budget(self) -> None:
-        budget = self.rollout.max_context_tokens
-        for key, tokens in (("rollout.max_new_tokens", self.rollout.max_new_tokens),
-                            ("val.max_new_tokens", self.val.max_new_tokens)):
-            if tokens is not None and tokens >= budget:
-                raise ValueError(f"{key}={tokens} is not allowed: a reply must fit in "
-                                 f"rollout.max_context_tokens={budget} with its prompt; "
-                                 f"allowed: an integer in [1, {budget - 1}]")
-
 
 def build_config(data: Mapping[str, Any]) -> TrainConfig:
     """A validated :class:`TrainConfig` from a plain mapping (composed YAML, ``to_dict()``).

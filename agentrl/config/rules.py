@@ -1,0 +1,72 @@
+"""The rules between keys of a :class:`~agentrl.config.schema.TrainConfig` on every backend:
+batch sizes that divide, the critic's head start, replies that fit the context.
+
+Why a module of its own: the schema says what each key may be alone; these rules read several
+sections at once (verl's own refusals are :mod:`agentrl.config.verl_rules`).
+:meth:`TrainConfig.__post_init__` calls :func:`check_cross_keys`, so a config that breaks one
+fails at start-up, naming the key and what is allowed.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from agentrl.config.verl_rules import divisors
+
+__all__ = ["check_cross_keys"]
+
+
+def check_cross_keys(config: Any) -> None:
+    """``ValueError`` naming the first key that breaks a rule between sections, and what is
+    allowed. ``config`` is a :class:`~agentrl.config.schema.TrainConfig` (not imported here:
+    the schema imports this module)."""
+    _check_batches(config)
+    _check_critic(config)
+    _check_token_budget(config)
+
+
+def _check_critic(config: Any) -> None:
+    pretrain = config.critic.pretrain_steps
+    if pretrain and config.algorithm.adv_estimator != "gae":
+        raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed with "
+                         f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} (no "
+                         "critic to train); allowed: 0, or adv_estimator='gae'")
+    most = config.train.total_steps - config.train.sft_steps - 1  # one actor update left
+    if pretrain > most:
+        raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed: with "
+                         f"train.sft_steps={config.train.sft_steps} it leaves no actor update "
+                         f"in train.total_steps={config.train.total_steps}; allowed: an "
+                         f"integer in [0, {max(0, most)}]")
+
+
+def _check_batches(config: Any) -> None:
+    if (config.algorithm.adv_estimator == "grpo" and config.train.group_size < 2
+            and not config.rollout.turn_branches):
+        raise ValueError(f"train.group_size={config.train.group_size} is not allowed with "
+                         "algorithm.adv_estimator='grpo' (it compares the episodes of a "
+                         "group); allowed: an integer >= 2, adv_estimator='gae', or "
+                         "rollout.turn_branches >= 1 (it compares each turn's replies)")
+    if config.algorithm.distance_shaping and config.rollout.reward_placement != "turn":
+        raise ValueError(f"algorithm.distance_shaping={config.algorithm.distance_shaping} is "
+                         "not allowed with rollout.reward_placement='last' (it shapes each "
+                         "turn's reward); allowed: 0, or reward_placement='turn'")
+    batch, mini = config.kept_trajectories, config.actor.ppo_mini_batch_size
+    if mini is not None and batch % mini:
+        raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "
+                         f"{batch} trajectories (ceil(rollout.filter_ratio * "
+                         f"train.group_num) * train.group_size); allowed: null or one of "
+                         f"{divisors(batch)}")
+    if mini is not None and config.actor.micro_batch_size > mini:
+        raise ValueError(f"actor.micro_batch_size={config.actor.micro_batch_size} is not "
+                         f"allowed: it exceeds actor.ppo_mini_batch_size={mini}; allowed: "
+                         f"an integer in [1, {mini}]")
+
+
+def _check_token_budget(config: Any) -> None:
+    budget = config.rollout.max_context_tokens
+    for key, tokens in (("rollout.max_new_tokens", config.rollout.max_new_tokens),
+                        ("val.max_new_tokens", config.val.max_new_tokens)):
+        if tokens is not None and tokens >= budget:
+            raise ValueError(f"{key}={tokens} is not allowed: a reply must fit in "
+                             f"rollout.max_context_tokens={budget} with its prompt; "
+                             f"allowed: an integer in [1, {budget - 1}]")
