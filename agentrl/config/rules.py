@@ -32,7 +32,7 @@ def _check_critic(config: Any) -> None:
                          f"algorithm.adv_estimator={config.algorithm.adv_estimator!r} (no "
                          "critic to train); allowed: 0, or adv_estimator='gae'")
     most = config.train.total_steps - config.train.sft_steps - 1  # one actor update left
-    if pretrain > most:
+    if pretrain and pretrain > most:  # 0: nothing to leave room for (a warm start alone)
         raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed: with "
                          f"train.sft_steps={config.train.sft_steps} it leaves no actor update "
                          f"in train.total_steps={config.train.total_steps}; allowed: an "
