@@ -1,0 +1,186 @@
+"""How much can the warm start gain from its own games if every move is credited perfectly?
+
+    python scripts/bench/dagger.py --model docs/results/learn_levers_runs/sft/seed_0/checkpoints/step_000024
+    python scripts/bench/dagger.py --model CKPT --seed 1 --minutes 30 --rows corrections --out dagger.json
+
+The ceiling of per-move credit assignment, in PPO's own budget: each step the warm-started policy
+plays ``--games`` new training games (sampled, as PPO's rollout, through
+:class:`agentrl.trainers.local.LocalTrainer`), and every board it reached is labelled with the
+game oracle's reply (DAgger, Ross et al. 2011). An SFT update then learns those replies in the
+contexts the policy saw (one row per turn; ``--rows corrections`` keeps only the boards where
+the policy's move did not close the oracle's distance by one, the moves a perfect critic would
+debit). No reward model, critic or group could tell a good move from a bad one better than the
+oracle, so if this does not gain in ``--minutes``, no credit assignment of PPO's will.
+
+The policy is judged as the learning benchmark judges it (scripts/bench/learn.py): greedy,
+constrained play of the same ``--val-groups`` held-out games (never training instances), before
+the first step, every ``--val-every`` steps and at the end. Training stops at the first step
+that ends past ``--minutes`` of training (validation not counted). The update is the warm
+start's (:func:`agentrl.trainers.imitation.sft_update`: mean NLL over reply tokens, ``sft.lr``,
+grad clip) with the warm start's AdamW moments carried over (``actor.warm_optimizer``), so its
+step size is the one that taught the warm start. Extra ``key=value`` arguments are config
+overrides (``threads=1``, ``sft.lr=3e-5``;
+``actor.warm_optimizer=false`` for a model saved without its moments).
+
+Prints a table (step, minutes, rows, training success, held-out success with its 95% Wilson
+interval) and writes it as JSON to ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from agentrl.agents import Agent
+from agentrl.cli.bench import write_result
+from agentrl.config import build_config, compose_config
+from agentrl.envs.splits import train_seeds
+from agentrl.evaluation.stats import wilson_interval
+from agentrl.models.templates import end_of_turn_ids
+from agentrl.rollout import to_batch
+from agentrl.rollout.records import Trajectory
+from agentrl.trainers.imitation import sft_update
+from agentrl.trainers.local import LocalTrainer
+
+PRESET = "tightBlocksworldTurnsAgent"
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help="the warm start: an agentrl sft checkpoint "
+                        "folder saved with its optimizer (sft.save_optimizer)")
+    parser.add_argument("--preset", default=PRESET, help=f"agent preset (default {PRESET})")
+    parser.add_argument("--seed", type=int, default=0, help="training seed: which games (default 0)")
+    parser.add_argument("--games", type=int, default=8, help="training games a step (default 8)")
+    parser.add_argument("--rows", choices=("all", "corrections"), default="all",
+                        help="learn every board the policy reached, or only those where its move "
+                             "was not optimal (default all)")
+    parser.add_argument("--minutes", type=float, default=30.0,
+                        help="training minutes, validation not counted (default 30: PPO's budget)")
+    parser.add_argument("--max-steps", type=int, default=1000, help="steps at most (default 1000)")
+    parser.add_argument("--val-groups", type=int, default=64, help="held-out games (default 64)")
+    parser.add_argument("--val-every", type=int, default=0,
+                        help="also validate every K steps (default: at the start and the end)")
+    parser.add_argument("--out", type=Path, default=Path("dagger.json"), help="JSON output path")
+    parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
+    args = parser.parse_args(argv)
+    for name in ("games", "val_groups", "max_steps"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.minutes <= 0 or args.val_every < 0:
+        parser.error("--minutes must be > 0 and --val-every >= 0")
+    return args
+
+
+def build(args: argparse.Namespace) -> Any:
+    data = compose_config(["actor.warm_optimizer=true", *args.overrides, f"seed={args.seed}",
+                           "trainer.logger=[console]", f"val.group_num={args.val_groups}",
+                           "val.group_size=1", f"train.group_num={args.games}",
+                           "train.group_size=1"]).to_dict()
+    data["model"]["name"] = str(args.model)
+    for section in ("train", "val", "sft"):
+        data[section]["presets"] = [args.preset]
+    return build_config(data)
+
+
+def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, corrections: bool
+                ) -> list[Trajectory]:
+    """One row per turn of ``trajectory``: the context the policy saw, answered by the oracle's
+    reply on the board it saw (the game replayed from the seed with the policy's own moves).
+    A row's ``group_index`` is its turn's index in the episode."""
+    end_of_turn = end_of_turn_ids(tokenizer)[0]
+    agent.reset(seed=trajectory.seed)
+    rows = []
+    for index, (turn, end) in enumerate(zip(trajectory.turns, trajectory.turn_end_positions)):
+        start = end - len(turn.response_ids) + 1
+        context = list(trajectory.prompt_ids) + list(trajectory.response_ids[turn.context_start:start])
+        oracle = agent.oracle_response()
+        before = agent.goal_distance()
+        agent.step(turn.text)
+        optimal = before is not None and agent.goal_distance() == before - 1
+        if corrections and optimal:
+            continue
+        ids = list(tokenizer.encode(oracle, add_special_tokens=False)) + [end_of_turn]
+        reply = dataclasses.replace(turn, prompt_ids=tuple(context), response_ids=tuple(ids),
+                                    logprobs=(0.0,) * len(ids), context_start=0, token_masks=None,
+                                    text=oracle)
+        rows.append(Trajectory(
+            preset=trajectory.preset, seed=trajectory.seed, group_index=index,
+            prompt_ids=context, response_ids=ids, response_mask=[1] * len(ids),
+            response_logprobs=[0.0] * len(ids), turn_end_positions=[len(ids) - 1],
+            turn_rewards=[0.0], success=False, episode_return=0.0, num_turns=1, turns=[reply]))
+    return rows
+
+
+def held_out(trainer: LocalTrainer, preset: str, games: int) -> dict[str, Any]:
+    metrics = trainer.validate()
+    success = metrics[f"val/{preset}/success"]
+    low, high = wilson_interval(success * games, games)
+    return {"success": success, "wins": round(success * games), "games": games,
+            "success_ci95": [low, high]}
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    config = build(args)
+    trainer = LocalTrainer(config)
+    agent_config = dict(trainer.train_presets)[args.preset]
+    agent = Agent(agent_config)
+    params = [p for p in trainer.actor.parameters() if p.requires_grad]
+    for group in trainer.actor_optim.param_groups:  # the warm start's step size
+        group["lr"] = config.sft.lr
+    curve = [{"step": 0, "minutes": 0.0, **held_out(trainer, args.preset, args.val_groups)}]
+    print(f"step 0: held-out {curve[0]['wins']}/{args.val_groups}", flush=True)
+    train_s, step, rows_seen, episodes = 0.0, 0, 0, 0
+    steps = []
+    try:
+        while train_s < args.minutes * 60 and step < args.max_steps:
+            step += 1
+            start = time.perf_counter()
+            trajectories = trainer._rollout(trainer.train_presets, train_seeds(
+                step, args.games, config.seed), 1, trainer.sampling, desc=f"step {step} rollout")
+            rows = [row for t in trajectories
+                    for row in oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections")]
+            loss = float("nan")
+            if rows:
+                batch = to_batch(rows, trainer.pad_token_id)
+                trainer.actor.train()
+                loss, _ = sft_update(trainer.actor, params, trainer.actor_optim, batch,
+                                     (batch["episode_index"] >= 0).nonzero().flatten(), config)
+                trainer.actor.eval()
+            train_s += time.perf_counter() - start
+            rows_seen += len(rows)
+            episodes += len(trajectories)
+            won = sum(t.success for t in trajectories) / len(trajectories)
+            steps.append({"step": step, "minutes": train_s / 60, "rows": len(rows), "loss": loss,
+                          "train_success": won})
+            print(f"step {step} | {train_s / 60:.1f} min | rows {len(rows)} | loss {loss:.3f} | "
+                  f"training success {won:.2f}", flush=True)
+            if args.val_every and step % args.val_every == 0:
+                curve.append({"step": step, "minutes": train_s / 60,
+                              **held_out(trainer, args.preset, args.val_groups)})
+        if curve[-1]["step"] != step:
+            curve.append({"step": step, "minutes": train_s / 60,
+                          **held_out(trainer, args.preset, args.val_groups)})
+    finally:
+        agent.close()
+        trainer.close()
+    print("\n| step | training minutes | held-out success (95% interval) |")
+    print("|---|---|---|")
+    for point in curve:
+        low, high = point["success_ci95"]
+        print(f"| {point['step']} | {point['minutes']:.1f} | {point['success']:.1%} "
+              f"({point['wins']}/{point['games']}, {low:.1%}-{high:.1%}) |")
+    result = {"model": str(args.model), "preset": args.preset, "seed": args.seed,
+              "games_per_step": args.games, "rows": args.rows, "lr": config.sft.lr,
+              "overrides": args.overrides, "episodes": episodes, "rows_learned": rows_seen,
+              "train_minutes": train_s / 60, "held_out": curve, "steps": steps}
+    write_result(args.out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()

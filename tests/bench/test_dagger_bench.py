@@ -1,0 +1,91 @@
+"""scripts/bench/dagger.py: the oracle's labels land on the boards and contexts the policy saw,
+and a tiny-model run writes its held-out curve."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import pytest
+
+from agentrl.agents import Agent
+from agentrl.config import build_config
+from agentrl.envs.splits import split_seeds
+from agentrl.rollout.demonstrations import play_demonstrations
+
+PRESET = "tightBlocksworldTurnsAgent"
+
+
+@pytest.fixture(scope="module")
+def bench(load_script):
+    return load_script("scripts/bench/dagger.py")
+
+
+@pytest.fixture(scope="module")
+def played(tiny):
+    """Episodes with random moves among the oracle's (random turns: response_mask 0), so some
+    boards were left by a move that did not close the distance; history window 1 drops turns."""
+    _, tokenizer = tiny
+    presets = build_config({}).playing_presets([PRESET], 32)
+    episodes = asyncio.run(play_demonstrations(
+        presets, tokenizer, split_seeds("train", 16, 7), max_context_tokens=2048,
+        max_new_tokens=32, random_action_share=0.4, seed=5))
+    return presets[0][1], tokenizer, episodes
+
+
+def random_turns(episode):
+    return [episode.response_mask[end] == 0 for end in episode.turn_end_positions]
+
+
+def test_every_turn_gets_the_oracles_reply_in_the_policys_context(bench, played):
+    config, tokenizer, episodes = played
+    assert any(any(random_turns(e)) for e in episodes), "some kept episode has a random move"
+    assert any(t.context_start > 0 for e in episodes for t in e.turns), "a window dropped a turn"
+    with Agent(config) as agent:
+        for episode in episodes:
+            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=False)
+            assert [row.group_index for row in rows] == list(range(episode.num_turns))
+            for row, turn, was_random in zip(rows, episode.turns, random_turns(episode)):
+                seen = row.prompt_ids
+                assert seen[:len(episode.prompt_ids)] == list(episode.prompt_ids)
+                assert seen[len(seen) - len(turn.prompt_ids):] == list(turn.prompt_ids)
+                text = tokenizer.decode(row.response_ids, skip_special_tokens=True)
+                if not was_random:  # the oracle played this board: the label is its move
+                    assert text == turn.text
+                assert row.response_mask == [1] * len(row.response_ids)
+
+
+def test_corrections_keep_only_the_moves_that_missed_the_oracles_distance(bench, played):
+    config, tokenizer, episodes = played
+    kept = 0
+    with Agent(config) as agent:
+        for episode in episodes:
+            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=True)
+            flags = random_turns(episode)
+            assert all(flags[row.group_index] for row in rows)  # the oracle's moves are optimal
+            for row in rows:  # a random move that closed the distance would not be kept
+                assert row.turns[0].text != episode.turns[row.group_index].text
+            kept += len(rows)
+    assert kept > 0
+
+
+@pytest.mark.slow
+def test_a_tiny_run_writes_its_held_out_curve(bench, tmp_path, one_torch_thread):
+    out = tmp_path / "dagger.json"
+    result = bench.main(["--model", "tiny", "--max-steps", "2", "--games", "2", "--val-groups",
+                         "2", "--val-every", "1", "--out", str(out), "actor.warm_optimizer=false",
+                         "threads=1"])
+    assert json.loads(out.read_text()) == result
+    assert [p["step"] for p in result["held_out"]] == [0, 1, 2]
+    assert [s["step"] for s in result["steps"]] == [1, 2] and result["episodes"] == 4
+    assert result["rows_learned"] == sum(s["rows"] for s in result["steps"]) > 0
+    for point in result["held_out"]:
+        low, high = point["success_ci95"]
+        assert point["games"] == 2 and low <= point["success"] <= high
+
+
+def test_bad_budgets_are_refused(bench, capsys):
+    for argv in (["--games", "0"], ["--minutes", "0"], ["--val-every", "-1"]):
+        with pytest.raises(SystemExit):
+            bench.parse_args(["--model", "tiny", *argv])
+        assert "must be" in capsys.readouterr().err
