@@ -123,6 +123,14 @@ def held_out(trainer: LocalTrainer, preset: str, games: int) -> dict[str, Any]:
             "success_ci95": [low, high]}
 
 
+def validation(trainer: LocalTrainer, args: argparse.Namespace, step: int, train_s: float
+               ) -> dict[str, Any]:
+    point = {"step": step, "minutes": train_s / 60,
+             **held_out(trainer, args.preset, args.val_groups)}
+    print(f"step {step}: held-out {point['wins']}/{point['games']}", flush=True)
+    return point
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     config = build(args)
@@ -132,8 +140,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     params = [p for p in trainer.actor.parameters() if p.requires_grad]
     for group in trainer.actor_optim.param_groups:  # the warm start's step size
         group["lr"] = config.sft.lr
-    curve = [{"step": 0, "minutes": 0.0, **held_out(trainer, args.preset, args.val_groups)}]
-    print(f"step 0: held-out {curve[0]['wins']}/{args.val_groups}", flush=True)
+    curve = [validation(trainer, args, 0, 0.0)]
     train_s, step, rows_seen, episodes = 0.0, 0, 0, 0
     steps = []
     try:
@@ -160,11 +167,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             print(f"step {step} | {train_s / 60:.1f} min | rows {len(rows)} | loss {loss:.3f} | "
                   f"training success {won:.2f}", flush=True)
             if args.val_every and step % args.val_every == 0:
-                curve.append({"step": step, "minutes": train_s / 60,
-                              **held_out(trainer, args.preset, args.val_groups)})
+                curve.append(validation(trainer, args, step, train_s))
         if curve[-1]["step"] != step:
-            curve.append({"step": step, "minutes": train_s / 60,
-                          **held_out(trainer, args.preset, args.val_groups)})
+            curve.append(validation(trainer, args, step, train_s))
     finally:
         agent.close()
         trainer.close()
