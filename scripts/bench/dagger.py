@@ -11,6 +11,9 @@ contexts the policy saw (one row per turn; ``--rows corrections`` keeps only the
 the policy's move did not close the oracle's distance by one, the moves a perfect critic would
 debit). No reward model, critic or group could tell a good move from a bad one better than the
 oracle, so if this does not gain in ``--minutes``, no credit assignment of PPO's will.
+``--labels oracle`` is the control: the oracle plays each step's games itself and the update
+learns its episodes with all their context windows, as the warm start does (more of the warm
+start, on new games), so the two tell on-policy boards from more data.
 
 The policy is judged as the learning benchmark judges it (scripts/bench/learn.py): greedy,
 constrained play of the same ``--val-groups`` held-out games (never training instances), before
@@ -41,6 +44,7 @@ from agentrl.envs.splits import train_seeds
 from agentrl.evaluation.stats import wilson_interval
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import to_batch
+from agentrl.rollout.demonstrations import play_demonstrations
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.imitation import sft_update
 from agentrl.trainers.local import LocalTrainer
@@ -55,6 +59,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default=PRESET, help=f"agent preset (default {PRESET})")
     parser.add_argument("--seed", type=int, default=0, help="training seed: which games (default 0)")
     parser.add_argument("--games", type=int, default=8, help="training games a step (default 8)")
+    parser.add_argument("--labels", choices=("policy", "oracle"), default="policy",
+                        help="policy: the oracle labels the boards the policy reached (DAgger); "
+                             "oracle: the oracle plays the games itself, more of the warm start "
+                             "on new games (the control; default policy)")
     parser.add_argument("--rows", choices=("all", "corrections"), default="all",
                         help="learn every board the policy reached, or only those where its move "
                              "was not optimal (default all)")
@@ -147,24 +155,31 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         while train_s < args.minutes * 60 and step < args.max_steps:
             step += 1
             start = time.perf_counter()
-            trajectories = trainer._rollout(trainer.train_presets, train_seeds(
-                step, args.games, config.seed), 1, trainer.sampling, desc=f"step {step} rollout")
-            rows = [row for t in trajectories
-                    for row in oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections")]
-            loss = float("nan")
+            seeds = train_seeds(step, args.games, config.seed)
+            if args.labels == "oracle":  # demonstrations with all their context windows
+                trajectories = rows = trainer.loop.run_until_complete(play_demonstrations(
+                    trainer.train_presets, trainer.tokenizer, seeds, seed=config.seed,
+                    max_context_tokens=config.rollout.max_context_tokens,
+                    max_new_tokens=config.rollout.max_new_tokens))
+            else:
+                trajectories = trainer._rollout(trainer.train_presets, seeds, 1, trainer.sampling,
+                                                desc=f"step {step} rollout")
+                rows = [row for t in trajectories for row in
+                        oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections")]
+            loss, learned = float("nan"), 0
             if rows:
                 batch = to_batch(rows, trainer.pad_token_id)
-                trainer.actor.train()
+                learned = len(batch["episode_index"])  # rows: one per context window
                 loss, _ = sft_update(trainer.actor, params, trainer.actor_optim, batch,
                                      (batch["episode_index"] >= 0).nonzero().flatten(), config)
-                trainer.actor.eval()
             train_s += time.perf_counter() - start
-            rows_seen += len(rows)
+            rows_seen += learned
             episodes += len(trajectories)
+            # the policy's own success on its training games (the oracle's with --labels oracle)
             won = sum(t.success for t in trajectories) / len(trajectories)
-            steps.append({"step": step, "minutes": train_s / 60, "rows": len(rows), "loss": loss,
+            steps.append({"step": step, "minutes": train_s / 60, "rows": learned, "loss": loss,
                           "train_success": won})
-            print(f"step {step} | {train_s / 60:.1f} min | rows {len(rows)} | loss {loss:.3f} | "
+            print(f"step {step} | {train_s / 60:.1f} min | rows {learned} | loss {loss:.3f} | "
                   f"training success {won:.2f}", flush=True)
             if args.val_every and step % args.val_every == 0:
                 curve.append(validation(trainer, args, step, train_s))
@@ -180,7 +195,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {point['step']} | {point['minutes']:.1f} | {point['success']:.1%} "
               f"({point['wins']}/{point['games']}, {low:.1%}-{high:.1%}) |")
     result = {"model": str(args.model), "preset": args.preset, "seed": args.seed,
-              "games_per_step": args.games, "rows": args.rows, "lr": config.sft.lr,
+              "games_per_step": args.games, "labels": args.labels, "rows": args.rows, "lr": config.sft.lr,
               "overrides": args.overrides, "episodes": episodes, "rows_learned": rows_seen,
               "train_minutes": train_s / 60, "held_out": curve, "steps": steps}
     write_result(args.out, result)

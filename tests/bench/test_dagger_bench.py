@@ -84,6 +84,16 @@ def test_a_tiny_run_writes_its_held_out_curve(bench, tmp_path, one_torch_thread)
         assert point["games"] == 2 and low <= point["success"] <= high
 
 
+@pytest.mark.slow
+def test_the_oracle_control_learns_whole_demonstrations(bench, tmp_path, one_torch_thread):
+    result = bench.main(["--model", "tiny", "--labels", "oracle", "--max-steps", "1", "--games",
+                         "2", "--val-groups", "2", "--out", str(tmp_path / "control.json"),
+                         "actor.warm_optimizer=false", "threads=1"])
+    (step,) = result["steps"]
+    assert step["train_success"] == 1.0  # the oracle solves every game it plays
+    assert step["rows"] >= 2 and result["labels"] == "oracle"
+
+
 def test_bad_budgets_are_refused(bench, capsys):
     for argv in (["--games", "0"], ["--minutes", "0"], ["--val-every", "-1"]):
         with pytest.raises(SystemExit):
