@@ -72,7 +72,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-groups", type=int, default=64, help="held-out games (default 64)")
     parser.add_argument("--val-every", type=int, default=0,
                         help="also validate every K steps (default: at the start and the end)")
-    parser.add_argument("--out", type=Path, default=Path("dagger.json"), help="JSON output path")
+    parser.add_argument("--out", type=Path, default=Path("bench_results/dagger.json"),
+                        help="JSON output path (default bench_results/dagger.json)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
     args = parser.parse_args(argv)
     for name in ("games", "val_groups", "max_steps"):
