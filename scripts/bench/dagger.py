@@ -72,6 +72,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--val-groups", type=int, default=64, help="held-out games (default 64)")
     parser.add_argument("--val-every", type=int, default=0,
                         help="also validate every K steps (default: at the start and the end)")
+    parser.add_argument("--save", type=Path, default=None,
+                        help="also save the final policy as a checkpoint under this folder "
+                             "(for agentrl eval --model)")
     parser.add_argument("--out", type=Path, default=Path("bench_results/dagger.json"),
                         help="JSON output path (default bench_results/dagger.json)")
     parser.add_argument("overrides", nargs="*", metavar="key=value", help="config overrides")
@@ -186,6 +189,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 curve.append(validation(trainer, args, step, train_s))
         if curve[-1]["step"] != step:
             curve.append(validation(trainer, args, step, train_s))
+        if args.save is not None:
+            trainer.step = step
+            print(f"saved {trainer.save(args.save)}")
     finally:
         agent.close()
         trainer.close()

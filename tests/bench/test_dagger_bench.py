@@ -12,6 +12,7 @@ from agentrl.agents import Agent
 from agentrl.config import build_config
 from agentrl.envs.splits import split_seeds
 from agentrl.rollout.demonstrations import play_demonstrations
+from agentrl.trainers.checkpoint import latest_checkpoint
 
 PRESET = "tightBlocksworldTurnsAgent"
 
@@ -73,10 +74,11 @@ def test_corrections_keep_only_the_moves_that_missed_the_oracles_distance(bench,
 def test_a_tiny_run_writes_its_held_out_curve(bench, tmp_path, one_torch_thread):
     out = tmp_path / "dagger.json"
     result = bench.main(["--model", "tiny", "--max-steps", "2", "--games", "2", "--val-groups",
-                         "2", "--val-every", "1", "--out", str(out), "actor.warm_optimizer=false",
-                         "threads=1"])
+                         "2", "--val-every", "1", "--out", str(out), "--save",
+                         str(tmp_path / "policy"), "actor.warm_optimizer=false", "threads=1"])
     assert json.loads(out.read_text()) == result
     assert [p["step"] for p in result["held_out"]] == [0, 1, 2]
+    assert latest_checkpoint(tmp_path / "policy").name == "step_000002"
     assert [s["step"] for s in result["steps"]] == [1, 2] and result["episodes"] == 4
     assert result["rows_learned"] == sum(s["rows"] for s in result["steps"]) > 0
     for point in result["held_out"]:
