@@ -1,19 +1,19 @@
-"""How much can the warm start gain from its own games if every move is credited perfectly?
+"""Does the warm start learn from the oracle's moves on the boards it reaches itself?
 
     python scripts/bench/dagger.py --model docs/results/learn_levers_runs/sft/seed_0/checkpoints/step_000024
     python scripts/bench/dagger.py --model CKPT --seed 1 --minutes 30 --rows corrections --out dagger.json
+    python scripts/bench/dagger.py --model CKPT --labels oracle --max-steps 30     # the control
 
-The ceiling of per-move credit assignment, in PPO's own budget: each step the warm-started policy
-plays ``--games`` new training games (sampled, as PPO's rollout, through
+The best per-move credit there is, in PPO's own budget: each step the warm-started policy plays
+``--games`` new training games (sampled, as PPO's rollout, through
 :class:`agentrl.trainers.local.LocalTrainer`), and every board it reached is labelled with the
 game oracle's reply (DAgger, Ross et al. 2011). An SFT update then learns those replies in the
 contexts the policy saw (one row per turn; ``--rows corrections`` keeps only the boards where
 the policy's move did not close the oracle's distance by one, the moves a perfect critic would
-debit). No reward model, critic or group could tell a good move from a bad one better than the
-oracle, so if this does not gain in ``--minutes``, no credit assignment of PPO's will.
+debit). No reward model, critic or group credits a move better than the oracle does.
 ``--labels oracle`` is the control: the oracle plays each step's games itself and the update
 learns its episodes with all their context windows, as the warm start does (more of the warm
-start, on new games), so the two tell on-policy boards from more data.
+start, on new games), so the two tell learning in the policy's own contexts from more data.
 
 The policy is judged as the learning benchmark judges it (scripts/bench/learn.py): greedy,
 constrained play of the same ``--val-groups`` held-out games (never training instances), before
