@@ -34,7 +34,7 @@ from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["DEMO_SEED_OFFSET", "ScriptedReplies", "choose_reply", "demonstration_messages",
-           "demonstration_seeds", "play_demonstrations"]
+           "demonstration_seeds", "play_demonstrations", "scripted_reply_ids"]
 
 DEMO_SEED_OFFSET = 500_000
 """Demonstrations play training seeds from here on past the run's first PPO game: half the
@@ -80,9 +80,19 @@ class ScriptedReplies:
                        ) -> tuple[list[int], list[float]]:
         text, is_random = choose_reply(self.agent, self.rng, self.random_action_share)
         self.random_turns.append(is_random)
-        ids = list(self.tokenizer.encode(text, add_special_tokens=False)) + [self.end_of_turn_id]
-        ids = ids[: sampling.max_new_tokens]  # a reply over the limit is cut, as a model's is
+        ids = scripted_reply_ids(text, self.tokenizer, sampling.max_new_tokens,
+                                 self.end_of_turn_id)
         return ids, [0.0] * len(ids)
+
+
+def scripted_reply_ids(text: str, tokenizer: Any, max_new_tokens: int,
+                       end_of_turn_id: int | None = None) -> list[int]:
+    """The ids a model that writes ``text`` and stops would generate: ``text`` tokenized, closed
+    by the chat template's end-of-turn token, cut at ``max_new_tokens`` as a model's reply is."""
+    if end_of_turn_id is None:
+        end_of_turn_id = end_of_turn_ids(tokenizer)[0]
+    ids = list(tokenizer.encode(text, add_special_tokens=False)) + [end_of_turn_id]
+    return ids[:max_new_tokens]
 
 
 def unlearned_turns(trajectory: Trajectory, turns: Sequence[bool]) -> Trajectory:

@@ -42,9 +42,8 @@ from agentrl.cli.bench import write_result
 from agentrl.config import build_config, compose_config
 from agentrl.envs.splits import train_seeds
 from agentrl.evaluation.stats import wilson_interval
-from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout import to_batch
-from agentrl.rollout.demonstrations import play_demonstrations
+from agentrl.rollout.demonstrations import play_demonstrations, scripted_reply_ids
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.imitation import sft_update
 from agentrl.trainers.local import LocalTrainer
@@ -93,17 +92,17 @@ def build(args: argparse.Namespace) -> Any:
                            "val.group_size=1", f"train.group_num={args.games}",
                            "train.group_size=1"]).to_dict()
     data["model"]["name"] = str(args.model)
+    data["actor"]["lr"] = data["sft"]["lr"]  # the warm start's step size, in its own optimizer
     for section in ("train", "val", "sft"):
         data[section]["presets"] = [args.preset]
     return build_config(data)
 
 
-def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, corrections: bool
-                ) -> list[Trajectory]:
+def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, corrections: bool,
+                max_new_tokens: int) -> list[Trajectory]:
     """One row per turn of ``trajectory``: the context the policy saw, answered by the oracle's
-    reply on the board it saw (the game replayed from the seed with the policy's own moves).
-    A row's ``group_index`` is its turn's index in the episode."""
-    end_of_turn = end_of_turn_ids(tokenizer)[0]
+    reply on the board it saw (the game replayed from the seed with the policy's own moves),
+    tokenized as a demonstration's. A row's ``group_index`` is its turn's index in the episode."""
     agent.reset(seed=trajectory.seed)
     rows = []
     for index, (turn, end) in enumerate(zip(trajectory.turns, trajectory.turn_end_positions)):
@@ -115,7 +114,7 @@ def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, correction
         optimal = before is not None and agent.goal_distance() == before - 1
         if corrections and optimal:
             continue
-        ids = list(tokenizer.encode(oracle, add_special_tokens=False)) + [end_of_turn]
+        ids = scripted_reply_ids(oracle, tokenizer, max_new_tokens)
         reply = dataclasses.replace(turn, prompt_ids=tuple(context), response_ids=tuple(ids),
                                     logprobs=(0.0,) * len(ids), context_start=0, token_masks=None,
                                     text=oracle)
@@ -149,9 +148,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     trainer = LocalTrainer(config)
     agent_config = dict(trainer.train_presets)[args.preset]
     agent = Agent(agent_config)
+    reply_limit = min(config.rollout.max_new_tokens, agent_config.max_response_tokens)  # the rollout's
     params = [p for p in trainer.actor.parameters() if p.requires_grad]
-    for group in trainer.actor_optim.param_groups:  # the warm start's step size
-        group["lr"] = config.sft.lr
     curve = [validation(trainer, args, 0, 0.0)]
     train_s, step, rows_seen, episodes = 0.0, 0, 0, 0
     steps = []
@@ -169,13 +167,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                 trajectories = trainer._rollout(trainer.train_presets, seeds, 1, trainer.sampling,
                                                 desc=f"step {step} rollout")
                 rows = [row for t in trajectories for row in
-                        oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections")]
+                        oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections",
+                                    reply_limit)]
             loss, learned = float("nan"), 0
             if rows:
                 batch = to_batch(rows, trainer.pad_token_id)
                 learned = len(batch["episode_index"])  # rows: one per context window
-                loss, _ = sft_update(trainer.actor, params, trainer.actor_optim, batch,
-                                     (batch["episode_index"] >= 0).nonzero().flatten(), config)
+                every_row = (batch["episode_index"] >= 0).nonzero().flatten()
+                loss, _ = sft_update(trainer.actor, params, trainer.actor_optim, batch, every_row,
+                                     config)
             train_s += time.perf_counter() - start
             rows_seen += learned
             episodes += len(trajectories)
@@ -202,7 +202,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         print(f"| {point['step']} | {point['minutes']:.1f} | {point['success']:.1%} "
               f"({point['wins']}/{point['games']}, {low:.1%}-{high:.1%}) |")
     result = {"model": str(args.model), "preset": args.preset, "seed": args.seed,
-              "games_per_step": args.games, "labels": args.labels, "rows": args.rows, "lr": config.sft.lr,
+              "games_per_step": args.games, "labels": args.labels, "rows": args.rows,
+              "lr": config.actor.lr,
               "overrides": args.overrides, "episodes": episodes, "rows_learned": rows_seen,
               "train_minutes": train_s / 60, "held_out": curve, "steps": steps}
     write_result(args.out, result)

@@ -44,7 +44,8 @@ def test_every_turn_gets_the_oracles_reply_in_the_policys_context(bench, played)
     assert any(t.context_start > 0 for e in episodes for t in e.turns), "a window dropped a turn"
     with Agent(config) as agent:
         for episode in episodes:
-            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=False)
+            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=False,
+                                    max_new_tokens=32)
             assert [row.group_index for row in rows] == list(range(episode.num_turns))
             for row, turn, was_random in zip(rows, episode.turns, random_turns(episode)):
                 seen = row.prompt_ids
@@ -61,7 +62,8 @@ def test_corrections_keep_only_the_moves_that_missed_the_oracles_distance(bench,
     kept = 0
     with Agent(config) as agent:
         for episode in episodes:
-            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=True)
+            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=True,
+                                    max_new_tokens=32)
             flags = random_turns(episode)
             assert all(flags[row.group_index] for row in rows)  # the oracle's moves are optimal
             for row in rows:  # a random move that closed the distance would not be kept
@@ -75,7 +77,9 @@ def test_a_tiny_run_writes_its_held_out_curve(bench, tmp_path, one_torch_thread)
     out = tmp_path / "dagger.json"
     result = bench.main(["--model", "tiny", "--max-steps", "2", "--games", "2", "--val-groups",
                          "2", "--val-every", "1", "--out", str(out), "--save",
-                         str(tmp_path / "policy"), "actor.warm_optimizer=false", "threads=1"])
+                         str(tmp_path / "policy"), "actor.warm_optimizer=false", "sft.lr=3e-5",
+                         "threads=1"])
+    assert result["lr"] == 3e-5  # the update steps at the warm start's rate, sft.lr
     assert json.loads(out.read_text()) == result
     assert [p["step"] for p in result["held_out"]] == [0, 1, 2]
     assert latest_checkpoint(tmp_path / "policy").name == "step_000002"
