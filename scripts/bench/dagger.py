@@ -3,6 +3,7 @@
     python scripts/bench/dagger.py --model docs/results/learn_levers_runs/sft/seed_0/checkpoints/step_000024
     python scripts/bench/dagger.py --model CKPT --seed 1 --minutes 30 --rows corrections --out dagger.json
     python scripts/bench/dagger.py --model CKPT --labels oracle --max-steps 30     # the control
+    python scripts/bench/dagger.py --model CKPT --labels both --max-steps 30       # both at once
 
 The best per-move credit there is, in PPO's own budget: each step the warm-started policy plays
 ``--games`` new training games (sampled, as PPO's rollout, through
@@ -14,6 +15,8 @@ debit). No reward model, critic or group credits a move better than the oracle d
 ``--labels oracle`` is the control: the oracle plays each step's games itself and the update
 learns its episodes with all their context windows, as the warm start does (more of the warm
 start, on new games), so the two tell learning in the policy's own contexts from more data.
+``--labels both`` learns the two sets of rows in one update: DAgger as Ross et al. train it, on
+the policy's labelled boards together with the expert's own play, not on the former alone.
 
 The policy is judged as the learning benchmark judges it (scripts/bench/learn.py): greedy,
 constrained play of the same ``--val-groups`` held-out games (never training instances), before
@@ -58,10 +61,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--preset", default=PRESET, help=f"agent preset (default {PRESET})")
     parser.add_argument("--seed", type=int, default=0, help="training seed: which games (default 0)")
     parser.add_argument("--games", type=int, default=8, help="training games a step (default 8)")
-    parser.add_argument("--labels", choices=("policy", "oracle"), default="policy",
+    parser.add_argument("--labels", choices=("policy", "oracle", "both"), default="policy",
                         help="policy: the oracle labels the boards the policy reached (DAgger); "
                              "oracle: the oracle plays the games itself, more of the warm start "
-                             "on new games (the control; default policy)")
+                             "on new games (the control); both: the two sets of rows in one "
+                             "update (default policy)")
     parser.add_argument("--rows", choices=("all", "corrections"), default="all",
                         help="learn every board the policy reached, or only those where its move "
                              "was not optimal (default all)")
@@ -126,6 +130,29 @@ def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, correction
     return rows
 
 
+def step_rows(trainer: LocalTrainer, agent: Agent, args: argparse.Namespace, seeds: list[int],
+              step: int) -> tuple[list[Trajectory], list[Trajectory]]:
+    """The rows a step learns on the games ``seeds`` (``--labels``), and the episodes whose
+    success it reports: the policy's where it played, else the oracle's."""
+    config = trainer.config
+    rows: list[Trajectory] = []
+    played: list[Trajectory] = []
+    if args.labels in ("oracle", "both"):  # demonstrations with all their context windows
+        played = trainer.loop.run_until_complete(play_demonstrations(
+            trainer.train_presets, trainer.tokenizer, seeds, seed=config.seed,
+            max_context_tokens=config.rollout.max_context_tokens,
+            max_new_tokens=config.rollout.max_new_tokens))
+        rows += played
+    if args.labels in ("policy", "both"):
+        played = trainer._rollout(trainer.train_presets, seeds, 1, trainer.sampling,
+                                  desc=f"step {step} rollout")
+        reply_limit = min(config.rollout.max_new_tokens,  # the rollout's
+                          agent.config.max_response_tokens)
+        rows += [row for t in played for row in
+                 oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections", reply_limit)]
+    return rows, played
+
+
 def held_out(trainer: LocalTrainer, preset: str, games: int) -> dict[str, Any]:
     metrics = trainer.validate()
     success = metrics[f"val/{preset}/success"]
@@ -146,9 +173,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     config = build(args)
     trainer = LocalTrainer(config)
-    agent_config = dict(trainer.train_presets)[args.preset]
-    agent = Agent(agent_config)
-    reply_limit = min(config.rollout.max_new_tokens, agent_config.max_response_tokens)  # the rollout's
+    agent = Agent(dict(trainer.train_presets)[args.preset])
     params = [p for p in trainer.actor.parameters() if p.requires_grad]
     curve = [validation(trainer, args, 0, 0.0)]
     train_s, step, rows_seen, episodes = 0.0, 0, 0, 0
@@ -158,17 +183,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             step += 1
             start = time.perf_counter()
             seeds = train_seeds(step, args.games, config.seed)
-            if args.labels == "oracle":  # demonstrations with all their context windows
-                trajectories = rows = trainer.loop.run_until_complete(play_demonstrations(
-                    trainer.train_presets, trainer.tokenizer, seeds, seed=config.seed,
-                    max_context_tokens=config.rollout.max_context_tokens,
-                    max_new_tokens=config.rollout.max_new_tokens))
-            else:
-                trajectories = trainer._rollout(trainer.train_presets, seeds, 1, trainer.sampling,
-                                                desc=f"step {step} rollout")
-                rows = [row for t in trajectories for row in
-                        oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections",
-                                    reply_limit)]
+            rows, trajectories = step_rows(trainer, agent, args, seeds, step)
             loss, learned = float("nan"), 0
             if rows:
                 batch = to_batch(rows, trainer.pad_token_id)

@@ -100,6 +100,26 @@ def test_the_oracle_control_learns_whole_demonstrations(bench, tmp_path, one_tor
     assert step["rows"] >= 2 and result["labels"] == "oracle"
 
 
+@pytest.mark.slow
+def test_both_learns_the_oracles_episodes_and_its_labels_of_the_policys_boards(bench,
+                                                                               one_torch_thread):
+    args = bench.parse_args(["--model", "tiny", "--labels", "both", "--games", "2",
+                             "actor.warm_optimizer=false", "threads=1"])
+    trainer = bench.LocalTrainer(bench.build(args))
+    agent = Agent(dict(trainer.train_presets)[args.preset])
+    seeds = [11, 12]
+    try:
+        rows, played = bench.step_rows(trainer, agent, args, seeds, step=1)
+    finally:
+        agent.close()
+        trainer.close()
+    demonstrations, labels = rows[:len(seeds)], rows[len(seeds):]
+    assert [d.seed for d in demonstrations] == seeds and all(d.success for d in demonstrations)
+    assert sorted(e.seed for e in played) == seeds  # the reported episodes are the policy's
+    assert len(labels) == sum(e.num_turns for e in played)  # one labelled row a policy turn
+    assert all(row.num_turns == 1 and row.seed in seeds for row in labels)
+
+
 def test_bad_budgets_are_refused(bench, capsys):
     for argv in (["--games", "0"], ["--minutes", "0"], ["--val-every", "-1"]):
         with pytest.raises(SystemExit):
