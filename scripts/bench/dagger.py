@@ -146,10 +146,10 @@ def step_rows(trainer: LocalTrainer, agent: Agent, args: argparse.Namespace, see
     if args.labels in ("policy", "both"):
         played = trainer._rollout(trainer.train_presets, seeds, 1, trainer.sampling,
                                   desc=f"step {step} rollout")
-        reply_limit = min(config.rollout.max_new_tokens,  # the rollout's
-                          agent.config.max_response_tokens)
+        # the agent plays trainer.train_presets: the run's reply limit is folded in already
         rows += [row for t in played for row in
-                 oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections", reply_limit)]
+                 oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections",
+                             agent.config.max_response_tokens)]
     return rows, played
 
 
