@@ -312,7 +312,7 @@ class LocalTrainer:
             metrics.update(timer.metrics())
             return metrics
         with timer("rollout"):
-            trajectories = self._rollout(self.train_presets, train_seeds(
+            trajectories = self.rollout(self.train_presets, train_seeds(
                 step, config.train.group_num, config.seed), config.train.group_size,
                 self.sampling, desc=f"step {step} rollout", branches=config.rollout.turn_branches)
         metrics.update(rollout_metrics(trajectories, split="train"))
@@ -360,7 +360,10 @@ class LocalTrainer:
         if self.critic is not None:
             self.critic.start_from(self.actor)
 
-    def _rollout(self, presets, seeds, group_size, sampling, desc: str, branches: int = 0):
+    def rollout(self, presets, seeds, group_size, sampling, desc: str, branches: int = 0):
+        """Play ``group_size`` episodes of every seed in ``seeds`` with the current weights (one
+        group a seed), a progress bar titled ``desc``; ``branches`` > 0 samples that many replies
+        at every turn (``rollout.turn_branches``). Returns the trajectories, group by group."""
         self.llm.clear_prefix_cache()  # its keys/values are of the weights before the update
         total = len(seeds) * group_size
         with tqdm(total=total, desc=desc, unit="ep", leave=False) as bar:

@@ -144,7 +144,7 @@ def step_rows(trainer: LocalTrainer, agent: Agent, args: argparse.Namespace, see
             max_new_tokens=config.rollout.max_new_tokens))
         rows += played
     if args.labels in ("policy", "both"):
-        played = trainer._rollout(trainer.train_presets, seeds, 1, trainer.sampling,
+        played = trainer.rollout(trainer.train_presets, seeds, 1, trainer.sampling,
                                   desc=f"step {step} rollout")
         # the agent plays trainer.train_presets: the run's reply limit is folded in already
         rows += [row for t in played for row in

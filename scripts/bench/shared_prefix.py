@@ -57,7 +57,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def rollout_batch(trainer: LocalTrainer) -> dict[str, torch.Tensor]:
     """One step's episodes as an actor-update batch (see the module docstring)."""
     config = trainer.config
-    trajectories = trainer._rollout(trainer.train_presets, train_seeds(
+    trajectories = trainer.rollout(trainer.train_presets, train_seeds(
         1, config.train.group_num, config.seed), config.train.group_size, trainer.sampling,
         desc="rollout")
     batch = to_batch(trajectories, trainer.pad_token_id, config.rollout.reward_placement)

@@ -100,7 +100,7 @@ def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread)
     reader = tiny_trainer(tmp_path / "rollout", *overrides)
     assert reader.sampling.return_features
     try:
-        trajectories = reader._rollout(reader.train_presets, train_seeds(1, 2, 1), 2,
+        trajectories = reader.rollout(reader.train_presets, train_seeds(1, 2, 1), 2,
                                        reader.sampling, desc="rollout")
     finally:
         reader.close()
