@@ -20,8 +20,8 @@ row. The seed is the newest checkpoint's. ``--machine`` defaults to this machine
 memory, 1-minute load average at the end): with ``--from-run``, name the one that trained. JSON
 goes to ``--out`` (:func:`agentrl.cli.bench.write_result`), the plot beside it (``.png``).
 
-Expected time: the default run ~25 min after set-up on 2 CPU cores (2026-11-26: warm start 14.3,
-PPO 6.4, wall 24.3 min); ``--from-run`` a few seconds.
+Expected time: the default run 20-25 min after set-up on 2 CPU cores (2026-11-27: warm start 12.2,
+PPO 4.9, wall 19.8 min at load ~2); ``--from-run`` a few seconds.
 """
 
 from __future__ import annotations
