@@ -4,6 +4,7 @@
     python scripts/bench/dagger.py --model CKPT --seed 1 --minutes 30 --rows corrections --out dagger.json
     python scripts/bench/dagger.py --model CKPT --labels oracle --max-steps 30     # the control
     python scripts/bench/dagger.py --model CKPT --labels both --max-steps 30       # both at once
+    python scripts/bench/dagger.py --model CKPT --label-stats --games 48   # what the labels teach
 
 The best per-move credit there is, in PPO's own budget: each step the warm-started policy plays
 ``--games`` new training games (sampled, as PPO's rollout, through
@@ -30,6 +31,16 @@ overrides (``threads=1``, ``sft.lr=3e-5``;
 
 Prints a table (step, minutes, rows, training success, held-out success with its 95% Wilson
 interval) and writes it as JSON to ``--out``.
+
+``--label-stats`` trains nothing: the policy plays ``--games`` training games once, and every
+turn after the first is counted by whether the policy's previous move closed the oracle's
+distance by one (BlocksWorld; :func:`label_relations`): how often the oracle's label on the
+board it left moves the block that move moved, and how often it puts it back. A shortest plan
+never moves one block twice in a row (the two moves make one), so after an optimal move the
+count is 0, as in the oracle's own episodes; after a missed move the label is mostly the
+correction of that block. The context shows the previous move (its reply and the feedback that
+echoes it), so DAgger's rows teach "move the block you just moved" where the demonstrations
+teach the opposite, and a policy that cannot tell its good moves from its bad ones learns both.
 """
 
 from __future__ import annotations
@@ -37,12 +48,14 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Any
 
 from agentrl.agents import Agent
 from agentrl.cli.bench import write_result
 from agentrl.config import build_config, compose_config
+from agentrl.envs.blocksworld import parse_move
 from agentrl.envs.splits import train_seeds
 from agentrl.evaluation.stats import wilson_interval
 from agentrl.rollout import to_batch
@@ -69,6 +82,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--rows", choices=("all", "corrections"), default="all",
                         help="learn every board the policy reached, or only those where its move "
                              "was not optimal (default all)")
+    parser.add_argument("--label-stats", action="store_true",
+                        help="train nothing: the policy plays --games games once, and the oracle's "
+                             "labels after its optimal and its missed moves are counted "
+                             "(BlocksWorld)")
     parser.add_argument("--minutes", type=float, default=30.0,
                         help="training minutes, validation not counted (default 30: PPO's budget)")
     parser.add_argument("--max-steps", type=int, default=1000, help="steps at most (default 1000)")
@@ -102,13 +119,16 @@ def build(args: argparse.Namespace) -> Any:
     return build_config(data)
 
 
-def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, corrections: bool,
+def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, keep: str,
                 max_new_tokens: int) -> list[Trajectory]:
     """One row per turn of ``trajectory``: the context the policy saw, answered by the oracle's
     reply on the board it saw (the game replayed from the seed with the policy's own moves),
-    tokenized as a demonstration's. A row's ``group_index`` is its turn's index in the episode."""
+    tokenized as a demonstration's. A row's ``group_index`` is its turn's index in the episode.
+    ``keep`` (``--rows``): ``all``; ``corrections``, the turns whose move missed the oracle's
+    distance; ``on_path``, all but the turns right after such a move."""
     agent.reset(seed=trajectory.seed)
     rows = []
+    missed_before = False  # the previous turn's move missed
     for index, (turn, end) in enumerate(zip(trajectory.turns, trajectory.turn_end_positions)):
         start = end - len(turn.response_ids) + 1
         context = list(trajectory.prompt_ids) + list(trajectory.response_ids[turn.context_start:start])
@@ -116,7 +136,9 @@ def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, correction
         before = agent.goal_distance()
         agent.step(turn.text)
         optimal = before is not None and agent.goal_distance() == before - 1
-        if corrections and optimal:
+        skip = (keep == "corrections" and optimal) or (keep == "on_path" and missed_before)
+        missed_before = not optimal
+        if skip:
             continue
         ids = scripted_reply_ids(oracle, tokenizer, max_new_tokens)
         reply = dataclasses.replace(turn, prompt_ids=tuple(context), response_ids=tuple(ids),
@@ -148,9 +170,66 @@ def step_rows(trainer: LocalTrainer, agent: Agent, args: argparse.Namespace, see
                                   desc=f"step {step} rollout")
         # the agent plays trainer.train_presets: the run's reply limit is folded in already
         rows += [row for t in played for row in
-                 oracle_rows(t, agent, trainer.tokenizer, args.rows == "corrections",
+                 oracle_rows(t, agent, trainer.tokenizer, args.rows,
                              agent.config.max_response_tokens)]
     return rows, played
+
+
+def label_relations(trajectory: Trajectory, agent: Agent) -> Counter:
+    """BlocksWorld: each turn after the first of ``trajectory``, keyed by whether the policy's
+    previous move closed the oracle's distance by one (``after_optimal``) or not
+    (``after_missed``): ``rows``, ``same_block`` (the oracle's label on the board moves the block
+    that move moved) and ``undo`` (it puts that block back where it was). The game is replayed
+    from the seed with the policy's own replies."""
+    if agent.config.game != "BlocksWorld" or agent.config.max_actions_per_turn != 1:
+        raise ValueError("label relations need a BlocksWorld preset of one move a turn; this "
+                         f"one plays {agent.config.game}, {agent.config.max_actions_per_turn} a turn")
+    game = agent.env.unwrapped
+    counts: Counter = Counter()
+    agent.reset(seed=trajectory.seed)
+    previous = None  # (block, where it sat before, the move was optimal)
+    for turn in trajectory.turns:
+        plan = game.oracle_plan()
+        label = parse_move(plan[0]) if plan else None
+        if previous is not None and label is not None:
+            block, came_from, optimal = previous
+            key = "after_optimal" if optimal else "after_missed"
+            counts[key, "rows"] += 1
+            counts[key, "same_block"] += label[0] == block
+            counts[key, "undo"] += label == (block, came_from)
+        before, state = agent.goal_distance(), game.state
+        result = agent.step(turn.text)
+        moves = [parse_move(action) for action in result.info["actions"]]
+        if len(moves) != 1 or moves[0] is None or result.done:
+            previous = None
+            continue
+        block = moves[0][0]
+        optimal = before is not None and agent.goal_distance() == before - 1
+        previous = (block, state[block - 1], optimal)
+    return counts
+
+
+def label_stats(trainer: LocalTrainer, agent: Agent, args: argparse.Namespace
+                ) -> dict[str, Any]:
+    """``--label-stats``: the policy plays ``--games`` training games once; the relations of
+    the oracle's labels to its previous moves, summed over the games."""
+    seeds = train_seeds(1, args.games, trainer.config.seed)
+    played = trainer.rollout(trainer.train_presets, seeds, 1, trainer.sampling,
+                             desc="policy episodes")
+    counts: Counter = Counter()
+    for trajectory in played:
+        counts.update(label_relations(trajectory, agent))
+    table = {after: {name: counts[after, name] for name in ("rows", "same_block", "undo")}
+             for after in ("after_optimal", "after_missed")}
+    print("\n| the policy's previous move | rows | label moves the block it moved | "
+          "label puts it back |")
+    print("|---|---|---|---|")
+    for after, row in table.items():
+        print(f"| {after.removeprefix('after_')} | {row['rows']} | {row['same_block']} | "
+              f"{row['undo']} |")
+    return {"model": str(args.model), "preset": args.preset, "seed": args.seed,
+            "games": len(played), "wins": sum(t.success for t in played),
+            "sampling": "the rollout's (PPO's)", "labels": table}
 
 
 def held_out(trainer: LocalTrainer, preset: str, games: int) -> dict[str, Any]:
@@ -174,6 +253,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     config = build(args)
     trainer = LocalTrainer(config)
     agent = Agent(dict(trainer.train_presets)[args.preset])
+    if args.label_stats:
+        try:
+            result = label_stats(trainer, agent, args)
+        finally:
+            agent.close()
+            trainer.close()
+        write_result(args.out, result)
+        return result
     params = [p for p in trainer.actor.parameters() if p.requires_grad]
     curve = [validation(trainer, args, 0, 0.0)]
     train_s, step, rows_seen, episodes = 0.0, 0, 0, 0

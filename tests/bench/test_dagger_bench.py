@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+from collections import Counter
 
 import pytest
 
@@ -44,7 +45,7 @@ def test_every_turn_gets_the_oracles_reply_in_the_policys_context(bench, played)
     assert any(t.context_start > 0 for e in episodes for t in e.turns), "a window dropped a turn"
     with Agent(config) as agent:
         for episode in episodes:
-            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=False,
+            rows = bench.oracle_rows(episode, agent, tokenizer, keep="all",
                                     max_new_tokens=32)
             assert [row.group_index for row in rows] == list(range(episode.num_turns))
             for row, turn, was_random in zip(rows, episode.turns, random_turns(episode)):
@@ -62,7 +63,7 @@ def test_corrections_keep_only_the_moves_that_missed_the_oracles_distance(bench,
     kept = 0
     with Agent(config) as agent:
         for episode in episodes:
-            rows = bench.oracle_rows(episode, agent, tokenizer, corrections=True,
+            rows = bench.oracle_rows(episode, agent, tokenizer, keep="corrections",
                                     max_new_tokens=32)
             flags = random_turns(episode)
             assert all(flags[row.group_index] for row in rows)  # the oracle's moves are optimal
@@ -71,6 +72,21 @@ def test_corrections_keep_only_the_moves_that_missed_the_oracles_distance(bench,
             kept += len(rows)
     assert kept > 0
 
+
+
+def test_on_path_rows_leave_out_exactly_the_boards_a_missed_move_led_to(bench, played):
+    config, tokenizer, episodes = played
+    skipped = 0
+    with Agent(config) as agent:
+        for episode in episodes:
+            missed = {row.group_index for row in bench.oracle_rows(
+                episode, agent, tokenizer, keep="corrections", max_new_tokens=32)}
+            kept = [row.group_index for row in bench.oracle_rows(
+                episode, agent, tokenizer, keep="on_path", max_new_tokens=32)]
+            after_missed = {index + 1 for index in missed if index + 1 < episode.num_turns}
+            assert kept == [i for i in range(episode.num_turns) if i not in after_missed]
+            skipped += len(after_missed)
+    assert skipped > 0
 
 @pytest.mark.slow
 def test_a_tiny_run_writes_its_held_out_curve(bench, tmp_path, one_torch_thread):
@@ -125,3 +141,38 @@ def test_bad_budgets_are_refused(bench, capsys):
         with pytest.raises(SystemExit):
             bench.parse_args(["--model", "tiny", *argv])
         assert "must be" in capsys.readouterr().err
+
+
+def test_labels_move_the_block_just_moved_only_after_a_missed_move(bench, played):
+    """A shortest plan never moves one block twice in a row, so after an optimal move (the
+    oracle's, or a random one that happened to close the distance) no label does; after a
+    random move that missed, the correction of that block is common."""
+    config, _, episodes = played
+    counts = Counter()
+    with Agent(config) as agent:
+        for episode in episodes:
+            counts.update(bench.label_relations(episode, agent))
+    assert counts["after_optimal", "rows"] > 0 and counts["after_missed", "rows"] > 0
+    assert counts["after_optimal", "same_block"] == 0
+    assert counts["after_missed", "same_block"] > 0
+    assert counts["after_missed", "undo"] <= counts["after_missed", "same_block"]
+    assert counts["after_optimal", "rows"] + counts["after_missed", "rows"] <= sum(
+        e.num_turns - 1 for e in episodes)
+
+
+def test_label_relations_refuse_other_games(bench):
+    presets = dict(build_config({}).playing_presets(["simpleSokobanAgent"], 32))
+    with Agent(presets["simpleSokobanAgent"]) as agent, pytest.raises(ValueError, match="BlocksWorld"):
+        bench.label_relations(None, agent)
+
+
+@pytest.mark.slow
+def test_label_stats_play_once_and_train_nothing(bench, tmp_path, one_torch_thread):
+    out = tmp_path / "labels.json"
+    result = bench.main(["--model", "tiny", "--label-stats", "--games", "3", "--out", str(out),
+                         "actor.warm_optimizer=false", "threads=1"])
+    assert json.loads(out.read_text()) == result
+    assert result["games"] == 3 and 0 <= result["wins"] <= 3
+    rows = sum(row["rows"] for row in result["labels"].values())
+    assert result["labels"]["after_optimal"]["same_block"] == 0 and rows > 0
+    assert "held_out" not in result  # no validation, no training
