@@ -12,7 +12,8 @@ The best per-move credit there is, in PPO's own budget: each step the warm-start
 game oracle's reply (DAgger, Ross et al. 2011). An SFT update then learns those replies in the
 contexts the policy saw (one row per turn; ``--rows corrections`` keeps only the boards where
 the policy's move did not close the oracle's distance by one, the moves a perfect critic would
-debit). No reward model, critic or group credits a move better than the oracle does.
+debit; ``--rows on_path`` leaves out the boards a missed move led to, whose labels mostly move
+the block just moved again: see ``--label-stats``). No reward model, critic or group credits a move better than the oracle does.
 ``--labels oracle`` is the control: the oracle plays each step's games itself and the update
 learns its episodes with all their context windows, as the warm start does (more of the warm
 start, on new games), so the two tell learning in the policy's own contexts from more data.
@@ -79,9 +80,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "oracle: the oracle plays the games itself, more of the warm start "
                              "on new games (the control); both: the two sets of rows in one "
                              "update (default policy)")
-    parser.add_argument("--rows", choices=("all", "corrections"), default="all",
-                        help="learn every board the policy reached, or only those where its move "
-                             "was not optimal (default all)")
+    parser.add_argument("--rows", choices=("all", "corrections", "on_path"), default="all",
+                        help="learn every board the policy reached, only those where its move "
+                             "was not optimal (corrections), or all but those a missed move led "
+                             "to (on_path) (default all)")
     parser.add_argument("--label-stats", action="store_true",
                         help="train nothing: the policy plays --games games once, and the oracle's "
                              "labels after its optimal and its missed moves are counted "

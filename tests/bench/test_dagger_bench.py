@@ -176,3 +176,9 @@ def test_label_stats_play_once_and_train_nothing(bench, tmp_path, one_torch_thre
     rows = sum(row["rows"] for row in result["labels"].values())
     assert result["labels"]["after_optimal"]["same_block"] == 0 and rows > 0
     assert "held_out" not in result  # no validation, no training
+
+
+def test_every_row_choice_and_label_stats_parse(bench):
+    for rows in ("all", "corrections", "on_path"):
+        assert bench.parse_args(["--model", "tiny", "--rows", rows]).rows == rows
+    assert bench.parse_args(["--model", "tiny", "--label-stats"]).label_stats
