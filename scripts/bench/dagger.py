@@ -4,7 +4,7 @@
     python scripts/bench/dagger.py --model CKPT --seed 1 --minutes 30 --rows corrections --out dagger.json
     python scripts/bench/dagger.py --model CKPT --labels oracle --max-steps 30     # the control
     python scripts/bench/dagger.py --model CKPT --labels both --max-steps 30       # both at once
-    python scripts/bench/dagger.py --model CKPT --label-stats --games 48   # what the labels teach
+    python scripts/bench/dagger.py --model CKPT --label-stats --games 64   # what the labels teach
 
 The best per-move credit there is, in PPO's own budget: each step the warm-started policy plays
 ``--games`` new training games (sampled, as PPO's rollout, through
@@ -13,7 +13,8 @@ game oracle's reply (DAgger, Ross et al. 2011). An SFT update then learns those 
 contexts the policy saw (one row per turn; ``--rows corrections`` keeps only the boards where
 the policy's move did not close the oracle's distance by one, the moves a perfect critic would
 debit; ``--rows on_path`` leaves out the boards a missed move led to, whose labels mostly move
-the block just moved again: see ``--label-stats``). No reward model, critic or group credits a move better than the oracle does.
+the block just moved again: see ``--label-stats``). No reward model, critic or group credits a
+move better than the oracle does.
 ``--labels oracle`` is the control: the oracle plays each step's games itself and the update
 learns its episodes with all their context windows, as the warm start does (more of the warm
 start, on new games), so the two tell learning in the policy's own contexts from more data.
@@ -184,8 +185,9 @@ def label_relations(trajectory: Trajectory, agent: Agent) -> Counter:
     that move moved) and ``undo`` (it puts that block back where it was). The game is replayed
     from the seed with the policy's own replies."""
     if agent.config.game != "BlocksWorld" or agent.config.max_actions_per_turn != 1:
+        config = agent.config
         raise ValueError("label relations need a BlocksWorld preset of one move a turn; this "
-                         f"one plays {agent.config.game}, {agent.config.max_actions_per_turn} a turn")
+                         f"one plays {config.game}, {config.max_actions_per_turn} a turn")
     game = agent.env.unwrapped
     counts: Counter = Counter()
     agent.reset(seed=trajectory.seed)

@@ -162,8 +162,9 @@ def test_labels_move_the_block_just_moved_only_after_a_missed_move(bench, played
 
 def test_label_relations_refuse_other_games(bench):
     presets = dict(build_config({}).playing_presets(["simpleSokobanAgent"], 32))
-    with Agent(presets["simpleSokobanAgent"]) as agent, pytest.raises(ValueError, match="BlocksWorld"):
-        bench.label_relations(None, agent)
+    with Agent(presets["simpleSokobanAgent"]) as agent:
+        with pytest.raises(ValueError, match="BlocksWorld"):
+            bench.label_relations(None, agent)
 
 
 @pytest.mark.slow
