@@ -51,10 +51,12 @@ import argparse
 import dataclasses
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from agentrl.agents import Agent
+from agentrl.agents.parsing import parse_response
 from agentrl.cli.bench import write_result
 from agentrl.config import build_config, compose_config
 from agentrl.envs.blocksworld import parse_move
@@ -122,6 +124,17 @@ def build(args: argparse.Namespace) -> Any:
     return build_config(data)
 
 
+def replayed_turns(trajectory: Trajectory, agent: Agent) -> Iterator[tuple[Any, str, bool]]:
+    """The policy's episode replayed on ``agent`` (reset to ``trajectory.seed`` first), turn by
+    turn: ``(turn, the oracle's reply on the board the turn saw, whether the turn's move closed
+    the oracle's distance by one)``, yielded after the move, so ``agent`` shows the board it
+    led to."""
+    for turn in trajectory.turns:
+        oracle, before = agent.oracle_response(), agent.goal_distance()
+        agent.step(turn.text)
+        yield turn, oracle, before is not None and agent.goal_distance() == before - 1
+
+
 def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, keep: str,
                 max_new_tokens: int) -> list[Trajectory]:
     """One row per turn of ``trajectory``: the context the policy saw, answered by the oracle's
@@ -132,13 +145,10 @@ def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, keep: str,
     agent.reset(seed=trajectory.seed)
     rows = []
     missed_before = False  # the previous turn's move missed
-    for index, (turn, end) in enumerate(zip(trajectory.turns, trajectory.turn_end_positions)):
+    for index, (turn, oracle, optimal) in enumerate(replayed_turns(trajectory, agent)):
+        end = trajectory.turn_end_positions[index]
         start = end - len(turn.response_ids) + 1
         context = list(trajectory.prompt_ids) + list(trajectory.response_ids[turn.context_start:start])
-        oracle = agent.oracle_response()
-        before = agent.goal_distance()
-        agent.step(turn.text)
-        optimal = before is not None and agent.goal_distance() == before - 1
         skip = (keep == "corrections" and optimal) or (keep == "on_path" and missed_before)
         missed_before = not optimal
         if skip:
@@ -170,7 +180,7 @@ def step_rows(trainer: LocalTrainer, agent: Agent, args: argparse.Namespace, see
         rows += played
     if args.labels in ("policy", "both"):
         played = trainer.rollout(trainer.train_presets, seeds, 1, trainer.sampling,
-                                  desc=f"step {step} rollout")
+                                 desc=f"step {step} rollout")
         # the agent plays trainer.train_presets: the run's reply limit is folded in already
         rows += [row for t in played for row in
                  oracle_rows(t, agent, trainer.tokenizer, args.rows,
@@ -191,26 +201,28 @@ def label_relations(trajectory: Trajectory, agent: Agent) -> Counter:
     game = agent.env.unwrapped
     counts: Counter = Counter()
     agent.reset(seed=trajectory.seed)
+    board = game.state
     previous = None  # (block, where it sat before, the move was optimal)
-    for turn in trajectory.turns:
-        plan = game.oracle_plan()
-        label = parse_move(plan[0]) if plan else None
+    for turn, oracle, optimal in replayed_turns(trajectory, agent):
+        label = parse_move(oracle_action(oracle, agent.config))
         if previous is not None and label is not None:
-            block, came_from, optimal = previous
-            key = "after_optimal" if optimal else "after_missed"
+            block, came_from, was_optimal = previous
+            key = "after_optimal" if was_optimal else "after_missed"
             counts[key, "rows"] += 1
             counts[key, "same_block"] += label[0] == block
             counts[key, "undo"] += label == (block, came_from)
-        before, state = agent.goal_distance(), game.state
-        result = agent.step(turn.text)
-        moves = [parse_move(action) for action in result.info["actions"]]
-        if len(moves) != 1 or moves[0] is None or result.done:
-            previous = None
-            continue
-        block = moves[0][0]
-        optimal = before is not None and agent.goal_distance() == before - 1
-        previous = (block, state[block - 1], optimal)
+        move = parse_move(oracle_action(turn.text, agent.config))
+        previous = None if move is None or agent.done else (move[0], board[move[0] - 1], optimal)
+        board = game.state
     return counts
+
+
+def oracle_action(reply: str, config: Any) -> str:
+    """The one action of a well-formed one-move reply ('' for any other reply)."""
+    parsed = parse_response(reply, enable_think=config.enable_think,
+                            separator=config.action_separator, max_actions=1,
+                            answer_format=config.answer_format)
+    return parsed.actions[0] if parsed.format_ok and parsed.actions else ""
 
 
 def label_stats(trainer: LocalTrainer, agent: Agent, args: argparse.Namespace

@@ -101,7 +101,7 @@ def test_a_shared_critic_reads_the_rollouts_features(tmp_path, one_torch_thread)
     assert reader.sampling.return_features
     try:
         trajectories = reader.rollout(reader.train_presets, train_seeds(1, 2, 1), 2,
-                                       reader.sampling, desc="rollout")
+                                      reader.sampling, desc="rollout")
     finally:
         reader.close()
     batch = to_batch(trajectories, reader.pad_token_id, "turn")
