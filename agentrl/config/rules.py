@@ -50,6 +50,11 @@ def _check_batches(config: Any) -> None:
         raise ValueError(f"algorithm.distance_shaping={config.algorithm.distance_shaping} is "
                          "not allowed with rollout.reward_placement='last' (it shapes each "
                          "turn's reward); allowed: 0, or reward_placement='turn'")
+    if config.algorithm.skip_after_missed_moves and config.rollout.turn_branches:
+        raise ValueError("algorithm.skip_after_missed_moves=True is not allowed with "
+                         f"rollout.turn_branches={config.rollout.turn_branches} (a turn's "
+                         "reply group is one turn, with no move before it to judge); "
+                         "allowed: false, or turn_branches=0")
     batch, mini = config.kept_trajectories, config.actor.ppo_mini_batch_size
     if mini is not None and batch % mini:
         raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "

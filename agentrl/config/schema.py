@@ -217,6 +217,11 @@ class AlgorithmConfig(Section):
     """Potential-based reward shaping by the game oracle's distance to the goal: each turn
     earns this weight x the actions it brought the goal nearer (0 = off; local engine only;
     a search per turn, for games whose oracle plans from any state)."""
+    skip_after_missed_moves: bool = False
+    """The actor's loss leaves out the replies of turns that follow a missed move (one that did
+    not bring the game oracle's distance to the goal nearer): a context showing the previous
+    move then never credits "move what you just moved" (agentrl.rollout.groups; the critic
+    still learns them; local engine only; a search per turn, as distance_shaping)."""
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,6 +57,7 @@ def _check_local_only_features(config: Any) -> None:
         "rollout.turn_branches": (config.rollout.turn_branches, 0),
         "algorithm.step_advantage_weight": (config.algorithm.step_advantage_weight, 0.0),
         "algorithm.distance_shaping": (config.algorithm.distance_shaping, 0.0),
+        "algorithm.skip_after_missed_moves": (config.algorithm.skip_after_missed_moves, False),
         "critic.share_backbone": (config.critic.share_backbone, False),
         "lora.dropout": (config.lora.dropout if config.lora.rank else 0.0, 0.0),
         "train.sft_steps": (config.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`

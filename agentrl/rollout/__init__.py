@@ -3,7 +3,8 @@
 - :mod:`agentrl.rollout.records`: ``Turn``, ``Trajectory``, ``EpisodeOutcome``.
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
 - :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``drop_uniform_groups``,
-  ``step_advantages``, ``distance_shaping``, ``normalize_returns``, ``turn_samples``.
+  ``step_advantages``, ``distance_shaping``, ``leave_out_after_missed_moves``,
+  ``normalize_returns``, ``turn_samples``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout, one row per context window:
   ``context_samples``).
 - :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``),
@@ -17,6 +18,7 @@ from agentrl.rollout.groups import (
     drop_uniform_groups,
     filter_groups,
     group_trajectories,
+    leave_out_after_missed_moves,
     normalize_returns,
     normalize_scores,
     run_groups,
@@ -29,7 +31,7 @@ from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
 __all__ = [
     "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "branch_metrics", "EpisodeOutcome", "TrainingSample", "Trajectory",
     "Turn", "context_samples", "distance_shaping", "drop_uniform_groups", "filter_groups",
-    "first_prompt_ids", "group_trajectories", "normalize_returns", "normalize_scores",
+    "first_prompt_ids", "group_trajectories", "leave_out_after_missed_moves", "normalize_returns", "normalize_scores",
     "rollout_metrics", "run_episode", "run_groups", "step_advantages", "to_batch",
     "turn_samples",
 ]

@@ -43,6 +43,8 @@ can run over the whole episode (:mod:`agentrl.trainers.episodes`).
   (zeros on inserted tokens and padding), the input of a critic on the actor's backbone.
 - ``step_advantages`` ``(B, R)``, only when a trajectory carries ``turn_advantages``: each
   turn's step-level advantage on its reply's model tokens (:func:`token_step_advantages`).
+- ``learned_mask`` ``(B, R)``, only when a trajectory carries ``turns_left_out``: 0 on the
+  replies the actor's loss leaves out, 1 elsewhere (:func:`token_learned_mask`).
 
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
@@ -165,16 +167,32 @@ class TrainingSample:
         """The episode's :func:`token_step_advantages` on this sample's tokens."""
         return token_step_advantages(self.trajectory)[self.start:self.end]
 
+    def token_learned_mask(self) -> list[float]:
+        """The episode's :func:`token_learned_mask` on this sample's tokens."""
+        return token_learned_mask(self.trajectory)[self.start:self.end]
+
+
+def turn_values_on_tokens(trajectory: Trajectory, per_turn: Sequence[float],
+                          elsewhere: float) -> list[float]:
+    """Per response token: its turn's value in ``per_turn`` on the turn's reply (times the
+    token's ``response_mask``), ``elsewhere`` on every other token."""
+    values = [elsewhere] * len(trajectory.response_ids)
+    for end, turn, value in zip(trajectory.turn_end_positions, trajectory.turns, per_turn):
+        for position in range(end + 1 - len(turn.response_ids), end + 1):
+            values[position] = value * trajectory.response_mask[position]
+    return values
+
 
 def token_step_advantages(trajectory: Trajectory) -> list[float]:
     """Each turn's step-level advantage (``Trajectory.turn_advantages``) on its reply's model
     tokens, 0 elsewhere (and everywhere when there are none)."""
-    values = [0.0] * len(trajectory.response_ids)
-    for end, turn, advantage in zip(trajectory.turn_end_positions, trajectory.turns,
-                                    trajectory.turn_advantages or ()):
-        for position in range(end + 1 - len(turn.response_ids), end + 1):
-            values[position] = advantage * trajectory.response_mask[position]
-    return values
+    return turn_values_on_tokens(trajectory, trajectory.turn_advantages or (), 0.0)
+
+
+def token_learned_mask(trajectory: Trajectory) -> list[float]:
+    """0 on the replies of the turns ``Trajectory.turns_left_out`` flags, 1 elsewhere."""
+    return turn_values_on_tokens(
+        trajectory, [0.0 if out else 1.0 for out in trajectory.turns_left_out or ()], 1.0)
 
 
 def context_samples(trajectory: Trajectory) -> list[TrainingSample]:
@@ -239,6 +257,15 @@ def feature_tensor(samples: Sequence[Trajectory | TrainingSample], length: int
     return {"rollout_features": out}
 
 
+def per_token_tensor(rows: Sequence[list[float]], width: int, padding: float) -> torch.Tensor:
+    """``(len(rows), width)`` float32: each row's values, then ``padding``."""
+    out = torch.full((len(rows), width), padding, dtype=torch.float32)
+    for row, values in enumerate(rows):
+        if values:
+            out[row, :len(values)] = torch.tensor(values, dtype=torch.float32)
+    return out
+
+
 def to_batch(
     trajectories: Sequence[Trajectory],
     pad_token_id: int,
@@ -289,15 +316,15 @@ def to_batch(
     attention_mask = torch.cat([prompt_attn, response_attn], dim=1)
     position_ids = (attention_mask.cumsum(dim=1) - 1).clamp(min=0)
     samples = [sample for _, sample in rows]
-    step = {}
+    per_turn = {}
     if any(t.turn_advantages is not None for t in trajectories):
-        step["step_advantages"] = torch.zeros((b, r_len), dtype=torch.float32)
-        for row, (_, s) in enumerate(rows):
-            if s.end > s.start:
-                step["step_advantages"][row, :s.end - s.start] = torch.tensor(
-                    s.token_step_advantages(), dtype=torch.float32)
+        per_turn["step_advantages"] = per_token_tensor(
+            [s.token_step_advantages() for s in samples], r_len, 0.0)
+    if any(t.turns_left_out is not None for t in trajectories):
+        per_turn["learned_mask"] = per_token_tensor(
+            [s.token_learned_mask() for s in samples], r_len, 1.0)
     return {
-        **step,
+        **per_turn,
         **constraint_tensors(samples, r_len),
         **feature_tensor(samples, r_len),
         "prompts": prompts,

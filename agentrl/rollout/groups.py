@@ -31,6 +31,12 @@ Distance shaping (:func:`distance_shaping`): where a game's oracle can say how m
 the goal still is, each turn earns the distance it closed (potential-based shaping), so a
 turn's credit need not wait for the episode's end.
 
+Turns after a missed move (:func:`leave_out_after_missed_moves`): a context that shows the
+previous move tells the policy what it just did. After a missed move the best reply usually
+moves the same piece again (often back), a reply a shortest plan never makes after a good
+move; the actor's loss can leave those turns out, so that their credit does not teach "move
+what you just moved" in contexts the policy cannot tell apart from its good moves.
+
 Normalization (:func:`normalize_returns`) of episode returns into ``Trajectory.score``:
 ``grouping="state"`` normalizes within each group (same preset and seed), ``"batch"`` over all
 trajectories; ``method`` is ``identity`` (score = return), ``mean_std`` ((r - mean) / (std +
@@ -59,7 +65,8 @@ from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories",
-           "normalize_returns", "run_groups", "step_advantages", "turn_samples"]
+           "leave_out_after_missed_moves", "missed_move_turns", "normalize_returns",
+           "run_groups", "step_advantages", "turn_samples"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")
@@ -229,6 +236,29 @@ def distance_shaping(trajectories: Sequence[Trajectory], weight: float, gamma: f
                    else weight * (before - gamma * after)
                    for before, after in zip(distances, distances[1:])]
         out.append(dataclasses.replace(trajectory, turn_shaping=shaping))
+    return out
+
+
+def missed_move_turns(goal_distances: Sequence[int | None]) -> list[bool]:
+    """Per turn, whether the turn before it missed: it did not bring a known oracle distance
+    nearer (``goal_distances`` as ``Trajectory.goal_distances``: one before the first turn and
+    one after each). The first turn follows no move: False."""
+    steps = list(zip(goal_distances, goal_distances[1:]))
+    return [False] + [before is None or after is None or after >= before
+                      for before, after in steps[:-1]]
+
+
+def leave_out_after_missed_moves(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+    """Copies of ``trajectories`` whose ``turns_left_out`` flag every turn that follows a
+    missed move (:func:`missed_move_turns`); a trajectory without recorded distances raises
+    (the rollout must ask for them)."""
+    out = []
+    for trajectory in trajectories:
+        if trajectory.goal_distances is None:
+            raise ValueError(f"episode {trajectory.preset}/{trajectory.seed} has no goal "
+                             "distances: run the rollout with goal_distances=True")
+        out.append(dataclasses.replace(
+            trajectory, turns_left_out=missed_move_turns(trajectory.goal_distances)))
     return out
 
 

@@ -125,6 +125,10 @@ class Trajectory:
     goal_distances: list[int | None] | None = None
     """The oracle's remaining actions before the first turn and after each turn (one more than
     the turns; None where it had no plan), when the rollout asked for them. None: not recorded."""
+    turns_left_out: list[bool] | None = None
+    """Per turn, whether the actor's loss leaves its reply out (:func:`agentrl.rollout.groups.
+    leave_out_after_missed_moves`); its tokens stay in the context and in the critic's and the
+    advantages' masks. None: every reply learns."""
     turn_shaping: list[float] | None = None
     """One shaping term per turn (:func:`agentrl.rollout.groups.distance_shaping`), added to
     the turn's reward in training only: returns and metrics never include it."""
@@ -151,6 +155,8 @@ class Trajectory:
             raise ValueError("one turn end position per turn reward")
         if self.turn_advantages is not None and len(self.turn_advantages) != len(self.turn_rewards):
             raise ValueError("one turn advantage per turn reward")
+        if self.turns_left_out is not None and len(self.turns_left_out) != len(self.turn_rewards):
+            raise ValueError("one left-out flag per turn reward")
         if self.turn_shaping is not None and len(self.turn_shaping) != len(self.turn_rewards):
             raise ValueError("one shaping term per turn reward")
         if (self.goal_distances is not None

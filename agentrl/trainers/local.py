@@ -53,8 +53,9 @@ from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.rollout import (branch_metrics, distance_shaping, drop_uniform_groups,
-                             filter_groups, normalize_returns, rollout_metrics, run_groups,
-                             step_advantages, to_batch, turn_samples)
+                             filter_groups, leave_out_after_missed_moves, normalize_returns,
+                             rollout_metrics, run_groups, step_advantages, to_batch,
+                             turn_samples)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers.checkpoint import load_checkpoint, restore_weights, save_checkpoint
 from agentrl.trainers.device import resolve_device
@@ -330,6 +331,10 @@ class LocalTrainer:
             kept = filter_groups(trajectories, r.filter_ratio, r.filter_mode)
             if algo.distance_shaping:  # first: a group whose shaping differs still compares
                 kept = distance_shaping(kept, algo.distance_shaping, turn_gamma)
+            if algo.skip_after_missed_moves:
+                kept = leave_out_after_missed_moves(kept)
+                flags = [out for t in kept for out in t.turns_left_out]
+                metrics["train/turns_left_out"] = sum(flags) / max(1, len(flags))
             if r.drop_uniform_groups:
                 kept = drop_uniform_groups(kept)
         metrics["train/kept_trajectories"] = float(len(kept))
@@ -360,6 +365,12 @@ class LocalTrainer:
         if self.critic is not None:
             self.critic.start_from(self.actor)
 
+    @property
+    def needs_goal_distances(self) -> bool:
+        """Whether the rollout asks the oracle its distance after every turn (a search each)."""
+        algo = self.config.algorithm
+        return bool(algo.distance_shaping) or algo.skip_after_missed_moves
+
     def rollout(self, presets, seeds, group_size, sampling, desc: str, branches: int = 0):
         """Play ``group_size`` episodes of every seed in ``seeds`` with the current weights (one
         group a seed), a progress bar titled ``desc``; ``branches`` > 0 samples that many replies
@@ -372,5 +383,5 @@ class LocalTrainer:
                 group_size=group_size, seeds=seeds,
                 max_context_tokens=self.config.rollout.max_context_tokens,
                 on_episode_done=lambda _: bar.update(1),
-                goal_distances=bool(self.config.algorithm.distance_shaping),
+                goal_distances=self.needs_goal_distances,
                 branches=branches))

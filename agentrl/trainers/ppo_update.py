@@ -323,8 +323,12 @@ class PPOUpdate:
     @staticmethod
     def _loss_mask(batch: dict[str, torch.Tensor], role: str) -> torch.Tensor:
         """The tokens ``role``'s loss averages over: the actor's leave out the tokens a constraint
-        forced (:func:`choice_mask`), the critic's are all model tokens."""
-        return choice_mask(batch) if role == "actor" else batch["response_mask"].float()
+        forced (:func:`choice_mask`) and the replies ``learned_mask`` leaves out
+        (``algorithm.skip_after_missed_moves``); the critic's are all model tokens."""
+        if role != "actor":
+            return batch["response_mask"].float()
+        mask = choice_mask(batch)
+        return mask * batch["learned_mask"] if "learned_mask" in batch else mask
 
     def _actor_micro(self, micro: dict[str, torch.Tensor], size: ppo.MiniBatchSize,
                      prefix: SharedPrefix | None = None):

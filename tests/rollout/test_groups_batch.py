@@ -230,3 +230,30 @@ def test_distance_shaping_is_potential_based_and_survives_normalization():
     scale, shift = other.score_map
     assert token_rewards(other, "turn") == pytest.approx(
         [0.0, scale * -1.0 + shift / 2 + 4.0, 0.0, scale * 9.0 + shift / 2 + 4.0])
+
+
+def test_turns_after_a_missed_move_are_flagged():
+    from agentrl.rollout.groups import missed_move_turns
+
+    # moves: 4->3 closes, 3->3 stays, 3->4 opens, 4->3 closes, 3->None loses the plan
+    assert missed_move_turns([4, 3, 3, 4, 3, None]) == [False, False, True, True, False]
+    assert missed_move_turns([None, 2, 1]) == [False, True]  # an unknown start judges nothing
+    assert missed_move_turns([2, 1]) == [False]  # the first turn follows no move
+
+
+def test_left_out_turns_are_masked_for_the_actor_alone():
+    import dataclasses
+
+    from agentrl.rollout import leave_out_after_missed_moves
+
+    episode = board_episode(0, ["A", "B", "C"], [0.0, 0.5, 1.0])  # replies at 0, 2, 4
+    with pytest.raises(ValueError, match="no goal distances"):
+        leave_out_after_missed_moves([episode])
+    (flagged,) = leave_out_after_missed_moves(
+        [dataclasses.replace(episode, goal_distances=[2, 3, 2, 1])])  # the first move missed
+    assert flagged.turns_left_out == [False, True, False]
+    batch = to_batch([flagged], pad_token_id=0)
+    assert batch["learned_mask"][0].tolist() == [1.0, 1.0, 0.0, 1.0, 1.0]
+    assert batch["response_mask"][0].tolist() == [1, 0, 1, 0, 1]  # GAE and the critic: all
+    assert batch["token_level_rewards"][0].tolist()[2] == 0.5  # the reward stays on its turn
+    assert "learned_mask" not in to_batch([episode], pad_token_id=0)
