@@ -30,6 +30,7 @@ from typing import Any
 
 from agentrl.agents import Agent, AgentConfig
 from agentrl.models.templates import end_of_turn_ids
+from agentrl.rollout.batch import turn_values_on_tokens
 from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
@@ -97,12 +98,9 @@ def scripted_reply_ids(text: str, tokenizer: Any, max_new_tokens: int,
 
 def unlearned_turns(trajectory: Trajectory, turns: Sequence[bool]) -> Trajectory:
     """``trajectory`` with ``response_mask`` 0 on the replies of the turns flagged in ``turns``."""
-    mask = list(trajectory.response_mask)
-    for flagged, end, turn in zip(turns, trajectory.turn_end_positions, trajectory.turns):
-        if flagged:
-            start = end - len(turn.response_ids) + 1
-            mask[start:end + 1] = [0] * (end + 1 - start)
-    return dataclasses.replace(trajectory, response_mask=mask)
+    kept = turn_values_on_tokens(trajectory, [0.0 if flagged else 1.0 for flagged in turns], 1.0)
+    return dataclasses.replace(trajectory, response_mask=[
+        int(model * keep) for model, keep in zip(trajectory.response_mask, kept)])
 
 
 async def play_demonstrations(
