@@ -336,6 +336,14 @@ class TrainerConfig(Section):
                                 f"an integer from 0 to {MAX_LOG_EPISODES} (0 = none)")
     """Finished episodes recorded per step and split in <run_dir>/episodes/step_N.jsonl (and a
     WandB table): per turn the observation, the reply, the actions, the reward, the flags."""
+    early_stop_patience: int | None = setting(None, at_least(0),
+                                              "null or an integer >= 0 (null or 0 = off)")
+    """Stop after this many validations of PPO steps without a gain in held-out success over
+    the best so far (the run keeps its best checkpoint either way; null or 0 = off)."""
+    early_stop_entropy: float | None = setting(None, lambda v: math.isfinite(v) and v >= 0,
+                                               "null or a number >= 0 (nats)")
+    """Stop after a PPO step whose ``actor/entropy`` (mean nats per trained token) is below
+    this: a collapsed policy samples one reply and learns nothing more (null = off)."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -496,6 +504,7 @@ class TrainConfig(Section):
             object.__setattr__(self, "agents_file", Path.cwd() / self.agents_file.expanduser())
         self._check_presets()
         self._check_sft()
+        self._check_early_stop()
         check_cross_keys(self)
         if self.backend == "verl":
             check_verl(self)
@@ -566,6 +575,14 @@ class TrainConfig(Section):
             raise ValueError(f"{key}=true is not allowed with lora.rank={self.lora.rank}: the "
                              "warm start merges its adapter into the weights, so its moments "
                              "belong to no parameter PPO trains; allowed: false, or lora.rank=0")
+
+    def _check_early_stop(self) -> None:
+        patience = self.trainer.early_stop_patience
+        if patience and not self.val.test_freq:
+            raise ValueError(f"trainer.early_stop_patience={patience} is not allowed with "
+                             "val.test_freq=0: it counts validations; allowed: null or 0, or "
+                             "val.test_freq >= 1")
+
 
 def build_config(data: Mapping[str, Any]) -> TrainConfig:
     """A validated :class:`TrainConfig` from a plain mapping (composed YAML, ``to_dict()``).

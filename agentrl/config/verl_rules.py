@@ -63,6 +63,8 @@ def _check_local_only_features(config: Any) -> None:
         "train.sft_steps": (config.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`
         "actor.warm_optimizer": (config.actor.warm_optimizer, False),
         "sft.save_optimizer": (config.sft.save_optimizer, False),
+        "trainer.early_stop_patience": (config.trainer.early_stop_patience or None, None),
+        "trainer.early_stop_entropy": (config.trainer.early_stop_entropy, None),
     }
     for key, (value, allowed) in unsupported.items():
         if value != allowed:

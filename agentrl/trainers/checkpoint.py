@@ -18,6 +18,10 @@ Layout, one folder per step::
         config.yaml         the resolved config, secrets redacted (tracking.public_config)
         COMPLETE            written last, the manifest: {"step", "saved_at",
                             "files": {relative path: {"bytes": n, "sha256": hex}}}
+    <run_dir>/checkpoints/best.json
+                            the run's best checkpoint by held-out validation (write_best):
+                            {"step", "checkpoint": "step_000012", "val_success", "val",
+                            "saved_at"}; that folder survives ``keep_last`` pruning
 
 **Atomic.** Everything is written (and fsynced) into ``step_000012.tmp-<pid>``, the marker
 last, and the folder is then renamed to ``step_000012``. A crash at any point leaves either no
@@ -34,6 +38,13 @@ named in a warning and skipped. When checkpoints exist and none is intact the ru
 ``ValueError`` naming each and why: starting over would overwrite the run's history (what a
 resumed run may change: :mod:`agentrl.trainers.resume`). Manifests of older checkpoints (sizes
 only) are checked by size.
+
+**Best and last.** A run keeps its best checkpoint by held-out validation beside its newest:
+``save_checkpoint(..., keep_steps=(best,))`` prunes around it, and ``best.json`` names it,
+written atomically (a temporary file, fsynced, renamed over the old one) after the folder it
+names is complete. A run folder stands for its best checkpoint (:func:`run_checkpoint`,
+:func:`model_folder`) unless ``last`` or ``step_N`` is asked for; a run without ``best.json``
+(no validation, an ``agentrl sft`` run, an older run) stands for its newest intact one.
 
 **Loading.** ``*.pt`` files load with ``torch.load(weights_only=True)``: tensors, containers and
 plain numbers only, no pickled code (:mod:`agentrl.trainers.rng_state` stores RNG states in
@@ -63,9 +74,11 @@ import yaml
 from agentrl.trainers.tracking import fsync_dir, public_config
 
 __all__ = [
-    "CHECKPOINTS_DIR", "CONFIG_FILE", "MARKER", "LoadedCheckpoint", "checkpoint_problem",
-    "checkpoint_step", "latest_checkpoint", "list_checkpoints", "load_checkpoint",
-    "model_folder", "newest_intact_checkpoint", "restore_weights", "save_checkpoint",
+    "BEST_FILE", "CHECKPOINTS_DIR", "CHECKPOINT_CHOICES", "CONFIG_FILE", "MARKER",
+    "BestRecord", "LoadedCheckpoint", "checkpoint_problem", "checkpoint_step", "chosen_model",
+    "clear_best", "latest_checkpoint", "list_checkpoints", "load_checkpoint", "model_folder",
+    "newest_intact_checkpoint", "prune_checkpoints", "read_best", "restore_weights",
+    "run_checkpoint", "save_checkpoint", "write_best",
 ]
 
 log = logging.getLogger(__name__)
@@ -76,8 +89,14 @@ CONFIG_FILE = "config.yaml"
 MODEL_FILES = ("config.json", "adapter_config.json")
 HASH_CHUNK = 1 << 22
 
+BEST_FILE = "best.json"
+CHECKPOINT_CHOICES = "best, last or step_N"
+"""What ``checkpoint=`` (``--checkpoint``) may name among a run folder's checkpoints."""
+
 STEP_DIR = re.compile(r"step_(\d+)")
 LEFTOVER_DIR = re.compile(r"step_\d+\.(tmp|old|trash)-(\d+)")
+LEFTOVER_BEST = re.compile(re.escape(BEST_FILE) + r"\.tmp-(\d+)")
+STEP_CHOICE = re.compile(r"(?:step_)?(\d+)")
 NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]*")
 RESERVED_NAMES = {CONFIG_FILE.split(".")[0], MARKER}
 
@@ -94,19 +113,33 @@ class LoadedCheckpoint:
     model_dirs: dict[str, Path] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class BestRecord:
+    """A run's best checkpoint by held-out validation: ``val_success`` is the mean over the
+    validation presets of ``val/<preset>/success`` (``val``: each preset's)."""
+
+    step: int
+    val_success: float
+    val: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def folder_name(self) -> str:
+        return f"step_{self.step:06d}"
+
+
 # --- saving --------------------------------------------------------------------------------
 
 def save_checkpoint(run_dir: str | Path, step: int, *,
                     models: Mapping[str, Any | Sequence[Any]] | None = None,
                     tensors: Mapping[str, Any] | None = None, config: Any = None,
-                    keep_last: int | None = None) -> Path:
+                    keep_last: int | None = None, keep_steps: Sequence[int] = ()) -> Path:
     """Write the checkpoint of ``step`` atomically and return its folder.
 
     ``models``: name -> an object with ``save_pretrained(folder)`` or a sequence of them (a model
     and its tokenizer), saved into ``<name>/``. ``tensors``: name -> anything ``torch.save``
     stores, saved as ``<name>.pt``. ``config``: a mapping, dataclass or OmegaConf config, saved
     as ``config.yaml``. ``keep_last``: keep only the newest K complete checkpoints (``None``:
-    all). A checkpoint already saved for ``step`` is replaced, and so is every later one: a run
+    all) and those of ``keep_steps`` (the run's best). A checkpoint already saved for ``step`` is replaced, and so is every later one: a run
     that saves ``step`` resumed from before them (a damaged newest checkpoint, ``resume=`` an
     older one), so they are an abandoned future that must neither be resumed nor count
     among the kept.
@@ -135,9 +168,17 @@ def save_checkpoint(run_dir: str | Path, step: int, *,
         if _folder_step(later) > step:
             _delete(later)
     if keep_last is not None:
-        for old in list_checkpoints(run_dir)[:-keep_last]:
-            _delete(old)
+        prune_checkpoints(run_dir, keep_last, keep_steps)
     return final
+
+
+def prune_checkpoints(run_dir: str | Path, keep_last: int, keep_steps: Sequence[int] = ()
+                      ) -> None:
+    """Delete the complete checkpoints of ``run_dir`` older than its newest ``keep_last``,
+    except those of ``keep_steps``."""
+    for old in list_checkpoints(run_dir)[:-keep_last]:
+        if checkpoint_step(old) not in keep_steps:
+            _delete(old)
 
 
 def _check_names(models: Mapping[str, Any], tensors: Mapping[str, Any]) -> None:
@@ -202,6 +243,58 @@ def _remove_leftovers(root: Path) -> None:
     for entry in root.iterdir():
         if entry.is_dir() and _is_leftover(entry):
             shutil.rmtree(entry, ignore_errors=True)
+        elif (tmp := LEFTOVER_BEST.fullmatch(entry.name)) and not _alive(int(tmp.group(1))):
+            entry.unlink(missing_ok=True)
+
+
+# --- the best checkpoint ------------------------------------------------------------------
+
+def write_best(run_dir: str | Path, record: BestRecord) -> Path:
+    """Point ``<run_dir>/checkpoints/best.json`` at ``record``'s checkpoint, which must be
+    complete: written to a temporary file, fsynced, then renamed over the old pointer, so a
+    crash leaves the old pointer or the new one."""
+    root = Path(run_dir) / CHECKPOINTS_DIR
+    if checkpoint_step(root / record.folder_name) != record.step:
+        raise ValueError(f"best.json may only name a complete checkpoint; "
+                         f"{root / record.folder_name} is not one")
+    data = {"step": record.step, "checkpoint": record.folder_name,
+            "val_success": record.val_success, "val": dict(record.val),
+            "saved_at": datetime.now().isoformat(timespec="seconds")}
+    path, tmp = root / BEST_FILE, root / f"{BEST_FILE}.tmp-{os.getpid()}"
+    with open(tmp, "w") as file:
+        json.dump(data, file, indent=1)
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(tmp, path)
+    fsync_dir(root)
+    return path
+
+
+def read_best(run_dir: str | Path) -> BestRecord | None:
+    """The record ``best.json`` holds (``run_dir`` or its ``checkpoints/`` folder); ``None``
+    without one; ``ValueError`` naming the file when it cannot be read."""
+    root = Path(run_dir)
+    if root.name != CHECKPOINTS_DIR and (root / CHECKPOINTS_DIR).is_dir():
+        root = root / CHECKPOINTS_DIR
+    path = root / BEST_FILE
+    if not path.is_file():
+        return None
+    try:
+        data = json.loads(path.read_text())
+        record = BestRecord(step=data["step"], val_success=float(data["val_success"]),
+                            val={k: float(v) for k, v in (data.get("val") or {}).items()})
+        valid = isinstance(record.step, int) and data.get("checkpoint") == record.folder_name
+    except (OSError, ValueError, TypeError, KeyError, AttributeError):
+        valid = False
+    if not valid:
+        raise ValueError(f"{path} is damaged (not the JSON a run writes); allowed: "
+                         "checkpoint=last (--checkpoint last), or delete it")
+    return record
+
+
+def clear_best(run_dir: str | Path) -> None:
+    """Remove ``best.json`` (a run that starts over has no best yet)."""
+    (Path(run_dir) / CHECKPOINTS_DIR / BEST_FILE).unlink(missing_ok=True)
 
 
 def _is_leftover(folder: Path) -> bool:
@@ -357,40 +450,98 @@ def newest_intact_checkpoint(checkpoints: str | Path) -> Path | None:
     return None
 
 
-def model_folder(path: str | Path) -> Path:
+def run_checkpoint(path: str | Path, checkpoint: str | None = None) -> Path:
+    """The checkpoint folder a run folder stands for: ``checkpoint`` = ``best`` (the default:
+    the one ``best.json`` names, else the newest intact one), ``last`` (the newest intact one)
+    or ``step_N`` / ``N``; verified intact. A run folder's ``agentrl sft`` checkpoints
+    (``sft/checkpoints/``) come before its own ``checkpoints/`` (see :func:`model_folder`).
+    ``ValueError`` saying what is wrong and what is allowed."""
+    path = Path(path).expanduser()
+    which = "best" if checkpoint is None else str(checkpoint)
+    step = STEP_CHOICE.fullmatch(which)
+    if which not in ("best", "last") and step is None:
+        raise ValueError(f"checkpoint={which!r} is not allowed; allowed: {CHECKPOINT_CHOICES}")
+    allowed = "allowed: a run folder with checkpoints/"
+    root = _checkpoints_root(path)
+    if root is None:
+        raise ValueError(f"{path} holds no checkpoints/ to choose checkpoint={which!r} from; "
+                         f"{allowed}")
+    best = read_best(root) if which == "best" else None
+    if step is None and best is None:  # last, or a run that has no best
+        found = newest_intact_checkpoint(root)
+        if found is None:
+            raise ValueError(f"{root} holds no checkpoint; {allowed}")
+        return found
+    folder = root / (best.folder_name if best else f"step_{int(step.group(1)):06d}")
+    if (problem := checkpoint_problem(folder)) is not None:
+        named = f"the best checkpoint {folder} ({BEST_FILE})" if best else f"checkpoint {folder}"
+        kept = ", ".join(p.name for p in list_checkpoints(root.parent)) or "none"
+        raise ValueError(f"{named}: {problem}; allowed: checkpoint=last, or step_N of one "
+                         f"kept ({kept})")
+    return folder
+
+
+def _checkpoints_root(run: Path) -> Path | None:
+    """A run folder's checkpoints: ``sft/checkpoints/`` (an ``agentrl sft`` run) first, else
+    ``checkpoints/``; ``None`` when neither holds anything."""
+    runs = [run / "sft" / CHECKPOINTS_DIR, run / CHECKPOINTS_DIR]
+    return next((r for r in runs if r.is_dir() and any(r.iterdir())), None)
+
+
+def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
     """The model folder ``path`` stands for, verified: a model folder (``config.json``, or a
     peft adapter) or ``.gguf`` file itself; a checkpoint folder's ``actor/``; a run folder's
-    newest intact checkpoint's ``actor/`` (``agentrl sft``'s ``sft/checkpoints/`` first, else its
-    own ``checkpoints/``: ``agentrl train model=<sft run> run_dir=<the same folder>`` then
-    starts from the same model on every relaunch, not from its own PPO checkpoints). ``ValueError`` saying what ``path`` is and what is allowed."""
+    best checkpoint's ``actor/`` (:func:`run_checkpoint`: ``checkpoint`` = best, the default,
+    last or step_N; ``agentrl sft``'s ``sft/checkpoints/`` first, else its own
+    ``checkpoints/``: ``agentrl train model=<sft run> run_dir=<the same folder>`` then starts
+    from the same model on every relaunch, not from its own PPO checkpoints). ``checkpoint``
+    applies to run folders only. ``ValueError`` saying what ``path`` is and what is allowed."""
     path = Path(path).expanduser()
     allowed = ("allowed: a model folder (config.json), a checkpoint folder (checkpoints/step_N) "
                "or a run folder with checkpoints/")
     if not path.exists():
         raise ValueError(f"{path}: no such file or folder; {allowed}")
+    is_run = path.is_dir() and not any((path / name).is_file() for name in MODEL_FILES) \
+        and not (path / MARKER).exists()
+    if checkpoint is not None and not is_run:
+        raise ValueError(f"checkpoint={checkpoint!r} chooses among a run folder's checkpoints, "
+                         f"and {path} is not a run folder; allowed: a run folder, or no choice")
     if path.is_file():
         if path.suffix == ".gguf":
             return path
         raise ValueError(f"{path} is a file, not a .gguf model; {allowed}")
     if any((path / name).is_file() for name in MODEL_FILES):
         return path
-    checkpoint = path
+    checkpoint_dir = path
     if (path / MARKER).exists():
         if (problem := checkpoint_problem(path)) is not None:
             raise ValueError(f"checkpoint {path} is damaged ({problem}); allowed: an intact "
-                             "checkpoint, or its run folder (the newest intact one is taken)")
+                             "checkpoint, or its run folder (its best or newest intact one)")
     else:
-        runs = [path / "sft" / CHECKPOINTS_DIR, path / CHECKPOINTS_DIR]
-        root = next((r for r in runs if r.is_dir() and any(r.iterdir())), None)
-        if root is None:
+        if _checkpoints_root(path) is None:
             raise ValueError(f"{path} holds no model, checkpoint or checkpoints/; {allowed}")
-        checkpoint = newest_intact_checkpoint(root)
-        if checkpoint is None:
-            raise ValueError(f"{root} holds no checkpoint; {allowed}")
-    actor = checkpoint / "actor"
+        checkpoint_dir = run_checkpoint(path, checkpoint)
+    actor = checkpoint_dir / "actor"
     if not any((actor / name).is_file() for name in MODEL_FILES):
-        raise ValueError(f"checkpoint {checkpoint} has no model in actor/; {allowed}")
+        raise ValueError(f"checkpoint {checkpoint_dir} has no model in actor/; {allowed}")
     return actor
+
+
+def chosen_model(model: str, checkpoint: str | None) -> str:
+    """``--model`` with ``--checkpoint``: the checkpoint folder of the run folder ``model``
+    names (:func:`run_checkpoint`); ``model`` itself when no checkpoint is chosen."""
+    if checkpoint is None:
+        return model
+    path = Path(model).expanduser()
+    if not path.is_dir() or (path / MARKER).exists() \
+            or any((path / name).is_file() for name in MODEL_FILES):
+        raise ValueError(f"--checkpoint {checkpoint} chooses among a run folder's checkpoints, "
+                         f"and --model {model} is not a run folder; allowed: --model <run "
+                         "folder>, or no --checkpoint")
+    try:
+        return str(run_checkpoint(path, checkpoint))
+    except ValueError as error:
+        raise ValueError(f"--checkpoint: {error}") from None
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -26,6 +26,9 @@ pass of the update (:func:`agentrl.trainers.policy.checkpointing`), with dropout
 Validation (greedy, held-out seeds and presets) runs before training and every ``test_freq``
 steps; a checkpoint is written every ``save_freq`` steps and at the end; ``resume=auto``
 continues from the newest complete checkpoint with the same run id and metric history.
+The best validated step is saved too and kept beside the last (``checkpoints/best.json``), and
+the run stops early per ``trainer.early_stop_patience`` / ``early_stop_entropy``
+(:mod:`agentrl.trainers.best`).
 Every step also records ``trainer.log_episodes`` finished episodes per split, turn by turn, in
 ``<run_dir>/episodes/step_N.jsonl`` (:mod:`agentrl.trainers.episode_log`).
 
@@ -57,7 +60,10 @@ from agentrl.rollout import (branch_metrics, distance_shaping, drop_uniform_grou
                              rollout_metrics, run_groups, step_advantages, to_batch,
                              turn_samples)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
-from agentrl.trainers.checkpoint import load_checkpoint, restore_weights, save_checkpoint
+from agentrl.trainers.best import BestKeeper
+from agentrl.trainers.checkpoint import (BestRecord, checkpoint_problem, clear_best,
+                                         load_checkpoint, prune_checkpoints, restore_weights,
+                                         save_checkpoint, write_best)
 from agentrl.trainers.device import resolve_device
 from agentrl.trainers.episode_log import EpisodeLog
 from agentrl.trainers.guards import collapse_metrics
@@ -84,8 +90,16 @@ class RunResult:
     run_id: str
     step: int
     checkpoint: Path | None
+    """The last checkpoint."""
     metrics: Path
     plot: Path | None
+    best: BestRecord | None = None
+    """The best validated step and its held-out success (None: nothing validated)."""
+    best_checkpoint: Path | None = None
+    last_val_success: float | None = None
+    """Held-out success of the newest validation."""
+    stopped: str | None = None
+    """Why the run stopped early; None when it ran its steps (or met its deadline)."""
 
 
 class LocalTrainer:
@@ -135,6 +149,7 @@ class LocalTrainer:
         self.warm_start = (WarmStart(config, self.actor, self.tokenizer, self.loop,
                                      self.pad_token_id) if config.train.sft_steps else None)
         self.step = 0
+        self.keeper = BestKeeper(config, list(self.val_presets))
         self.episode_samples: list[dict[str, Any]] = []
         """Episode records of the step being run (``trainer.log_episodes`` per split)."""
         r = config.rollout
@@ -190,6 +205,9 @@ class LocalTrainer:
         if checkpoint is not None:
             self._restore(checkpoint)
             log.info("resumed from %s (step %d)", checkpoint, self.step)
+            self._point_at_best(run_dir)
+        else:
+            clear_best(run_dir)  # a run that starts over has no best yet
         tracker = RunTracker(run_dir, project=config.project, experiment=config.experiment,
                              config=config.to_dict(), use_wandb="wandb" in config.trainer.logger,
                              wandb_mode=config.trainer.wandb_mode,
@@ -205,20 +223,28 @@ class LocalTrainer:
                 self.episode_samples = []
                 tracker.log(0, self.validate(), self.episode_samples)
                 episode_log.write(0, self.episode_samples)
-            while self.step < total:
+            if self.keeper.still_stopped():
+                log.info("the run stopped early at step %d: nothing to train", self.step)
+            while self.step < total and not self.keeper.stopped:
                 step = self.step + 1
                 self.episode_samples = []
                 metrics = self.train_step(step)
                 self.step = step
+                stop = self.keeper.entropy_stop(step, metrics)
                 last = step == total or (deadline is not None and time.monotonic() >= deadline)
                 warm_start_done = step == config.train.sft_steps
-                if freq and (step % freq == 0 or last or warm_start_done):
+                new_best = False
+                if freq and (step % freq == 0 or last or stop or warm_start_done):
                     metrics.update(self.validate())
+                    new_best = self.keeper.validated(step, metrics)
+                    stop = stop or self.keeper.patience_stop()
+                last = last or stop is not None
                 # before the save: a saved step is always logged
                 tracker.log(step, metrics, self.episode_samples)
                 episode_log.write(step, self.episode_samples)
-                if last or (config.trainer.save_freq and step % config.trainer.save_freq == 0):
-                    last_saved = self.save(run_dir)
+                if last or new_best or (config.trainer.save_freq
+                                        and step % config.trainer.save_freq == 0):
+                    last_saved = self.save(run_dir, new_best=new_best)
                 if last:
                     break
         plot = None
@@ -227,8 +253,13 @@ class LocalTrainer:
                                            config.val.group_num)
             plot = plot_learning_curves(run_dir / "metrics.jsonl", run_dir / "learning_curves.png",
                                         references=references)
+        best = self.keeper.best
         return RunResult(run_dir=run_dir, run_id=tracker.run_id, step=self.step,
-                         checkpoint=last_saved, metrics=run_dir / "metrics.jsonl", plot=plot)
+                         checkpoint=last_saved, metrics=run_dir / "metrics.jsonl", plot=plot,
+                         best=best, best_checkpoint=None if best is None else
+                         run_dir / "checkpoints" / best.folder_name,
+                         last_val_success=self.keeper.last_val_success,
+                         stopped=self.keeper.stopped)
 
     def validate(self) -> dict[str, float]:
         """Greedy episodes of the validation presets on held-out seeds: ``val/<preset>/...``."""
@@ -248,10 +279,16 @@ class LocalTrainer:
             episode_record(t, split=split, step=step)
             for t in sample_episodes(trajectories, self.config.trainer.log_episodes)]
 
-    def save(self, run_dir: Path) -> Path:
-        """A complete checkpoint of this step (see :mod:`agentrl.trainers.checkpoint`)."""
+    def save(self, run_dir: Path, new_best: bool = False) -> Path:
+        """A complete checkpoint of this step (see :mod:`agentrl.trainers.checkpoint`), the
+        best kept beside the newest ``keep_last``. ``new_best``: this step is the best:
+        ``best.json`` points at it once it is complete, and the previous best is pruned then
+        (a crash in between leaves the old pointer and its checkpoint)."""
+        best = self.keeper.best
+        keep = tuple(s for s in (self._pointed_best, best and best.step) if s)
         state = {
             "step": self.step,
+            "best": self.keeper.state_dict(),
             "actor_optim": self.actor_optim.state_dict(),
             "actor_sched": self.actor_sched.state_dict(),
             "rng": capture_rng_state({"llm": self.llm.generator}),
@@ -264,9 +301,33 @@ class LocalTrainer:
             tensors["critic"] = self.critic.state_dict()
             state["critic_optim"] = self.critic_optim.state_dict()
             state["critic_sched"] = self.critic_sched.state_dict()
-        return save_checkpoint(run_dir, self.step, models={"actor": (self.actor, self.tokenizer)},
+        path = save_checkpoint(run_dir, self.step, models={"actor": (self.actor, self.tokenizer)},
                                tensors=tensors, config=self.config.to_dict(),
-                               keep_last=self.config.trainer.keep_last)
+                               keep_last=self.config.trainer.keep_last, keep_steps=keep)
+        if new_best:
+            write_best(run_dir, best)
+            self._pointed_best = best.step
+            prune_checkpoints(run_dir, self.config.trainer.keep_last, keep_steps=(best.step,))
+        return path
+
+    _pointed_best: int | None = None
+    """The step ``best.json`` names."""
+
+    def _point_at_best(self, run_dir: Path) -> None:
+        """After a resume, ``best.json`` names the restored best (it may be missing after a
+        crash, or name a checkpoint of an abandoned later step)."""
+        best = self.keeper.best
+        if best is not None and checkpoint_problem(
+                run_dir / "checkpoints" / best.folder_name) is not None:
+            log.warning("the best checkpoint (step %d) is gone or damaged: the run's best "
+                        "starts over", best.step)
+            self.keeper.best = None
+            best = None
+        if best is None:
+            clear_best(run_dir)
+        else:
+            write_best(run_dir, best)
+        self._pointed_best = None if best is None else best.step
 
     def _restore(self, path: Path) -> None:
         loaded = load_checkpoint(path, map_location=self.device)
@@ -280,6 +341,7 @@ class LocalTrainer:
             self.critic_sched.load_state_dict(state["critic_sched"])
         restore_rng_state(state["rng"], {"llm": self.llm.generator})
         self.step = int(state["step"])
+        self.keeper.load_state_dict(state.get("best"))
         self._restore_reference(loaded.tensors.get("reference"))
 
     def _restore_reference(self, saved: dict[str, torch.Tensor] | None) -> None:
