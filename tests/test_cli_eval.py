@@ -110,3 +110,71 @@ def test_model_from_a_training_run(tiny, tmp_path, capsys, one_torch_thread):
     assert data["model"]["generation"]["requests"] >= data["presets"]["simpleSokobanAgent"]["turns"]
     assert data["presets"]["simpleSokobanAgent"]["response_length"] > 0
     assert "simpleSokobanAgent" in capsys.readouterr().out
+
+
+# -- a run evaluates as it validated -----------------------------------------------------------
+VAL_PRESETS = ("banditAgent", "tightBlocksworldTurnsAgent")  # one turn; six with a 1-turn window
+COMPARED = ("success", "return", "turns", "action_is_valid", "format_error", "response_length")
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, one_torch_thread):
+    """A 1-step run of the tiny model: constrained decoding (the local default), replies cut at
+    24 tokens, 4 validation games of two presets after its step (~15 s)."""
+    run_dir = tmp_path_factory.mktemp("tiny_run") / "run"
+    assert main(["train", "model=tiny", f"run_dir={run_dir}", "train.total_steps=1",
+                 "train.presets=[banditAgent]", f"val.presets=[{','.join(VAL_PRESETS)}]",
+                 "val.group_num=4", "train.group_num=1", "train.group_size=2",
+                 "rollout.max_new_tokens=24", "threads=1", "trainer.logger=[]",
+                 "trainer.plot=false", "val.before_train=false"]) == 0
+    return run_dir
+
+
+def test_evaluating_a_run_gives_its_last_validation_numbers(tiny_run, tmp_path, capsys):
+    """No flags: the run's presets, games, constrained decoding, reply limit and history
+    windows, so every number equals the run's own last validation."""
+    from agentrl.trainers.tracking import read_metrics
+
+    capsys.readouterr()
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(tiny_run), "--out", str(out), "--no-progress"]) == 0
+    printed = capsys.readouterr().out
+    data = json.loads(out.read_text())
+    last = [r for r in read_metrics(tiny_run / "metrics.jsonl")
+            if "val/banditAgent/success" in r][-1]
+    assert list(data["presets"]) == list(VAL_PRESETS)
+    for preset in VAL_PRESETS:
+        assert data["presets"][preset]["episodes"] == 4
+        for name in COMPARED:
+            assert data["presets"][preset][name] == pytest.approx(last[f"val/{preset}/{name}"]), \
+                (preset, name)
+    decoding = data["decoding"]
+    assert decoding["constrained"] is True and decoding["max_new_tokens"] == 24
+    assert decoding["history_windows"] == {"banditAgent": 0, "tightBlocksworldTurnsAgent": 1}
+    assert data["model"]["sampling"]["constrained_actions"] is True
+    assert "decoding: greedy, constrained to valid actions, replies up to 24 tokens" in printed
+    assert "tightBlocksworldTurnsAgent last 1" in printed and "the run's config" in printed
+
+
+def test_a_flag_overrides_the_runs_decoding_and_says_so(tiny_run, tmp_path, capsys):
+    out = tmp_path / "free.json"
+    assert main(["eval", "--model", str(tiny_run), "--presets", "banditAgent", "--groups", "1",
+                 "--no-constrained", "--max-new-tokens", "8", "--out", str(out),
+                 "--no-progress"]) == 0
+    decoding = json.loads(out.read_text())["decoding"]
+    assert decoding["constrained"] is False and decoding["max_new_tokens"] == 8
+    assert "free (unconstrained)" in capsys.readouterr().out
+    assert "with --max-new-tokens, --no-constrained" in decoding["description"]
+
+
+def test_the_report_of_the_run_and_of_its_eval_state_the_decoding(tiny_run, tmp_path):
+    from agentrl.report.data import eval_data, run_data
+
+    rows = dict(run_data(tiny_run, play_references=False)["config"]["summary"])
+    assert rows["decoding"].startswith("validation greedy, constrained to valid actions, "
+                                       "replies up to 24 tokens")
+    out = tmp_path / "eval.json"
+    assert main(["eval", "--model", str(tiny_run), "--presets", "banditAgent", "--groups", "1",
+                 "--out", str(out), "--no-progress"]) == 0
+    rows = dict(eval_data(out)["config"]["summary"])
+    assert rows["decoding"].startswith("greedy, constrained to valid actions")

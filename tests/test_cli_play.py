@@ -126,3 +126,28 @@ def test_a_constrained_model_takes_only_valid_actions():
     out = result.stdout
     assert "-- turn 1 --" in out and "(valid)" in out
     assert "INVALID" not in out and "format error" not in out.lower()
+
+
+def test_a_runs_model_plays_with_the_runs_preset_and_decoding(tiny, tmp_path):
+    """``--model <run>``: the run's validation preset of the game as the run had it (here 2
+    turns), constrained as the run decoded, its reply limit, and a line saying so."""
+    import io
+
+    from agentrl.cli import build_parser, watch
+    from agentrl.config import compose_config
+    from agentrl.trainers.checkpoint import save_checkpoint
+
+    config = compose_config(["model=tiny", "rollout.max_new_tokens=24",
+                             "val.presets=[banditAgent,tightBlocksworldTurnsAgent]",
+                             "agents.tightBlocksworldTurnsAgent.max_turns=2"])
+    save_checkpoint(tmp_path / "run", 1, models={"actor": tiny}, config=config.to_dict())
+    args = build_parser().parse_args(["play", "blocksworld", "--model", str(tmp_path / "run"),
+                                      "--seed", "3", "--device", "cpu"])
+    out = io.StringIO()
+    assert watch.run(args, io.StringIO(), out) == 0
+    shown = out.getvalue()
+    assert "plays as tightBlocksworldTurnsAgent" in shown
+    assert ("decoding: greedy, constrained to valid actions, replies up to 24 tokens, context up "
+            "to 2048 tokens, history tightBlocksworldTurnsAgent last 1 (the run's config") in shown
+    assert "-- turn 2 --" in shown and "-- turn 3 --" not in shown  # the run's max_turns
+    assert "INVALID" not in shown and "format error" not in shown

@@ -3,14 +3,22 @@
     agentrl eval --groups 8                                        # the embedded model
     agentrl eval --policy oracle --presets all --groups 4          # reference rows
     agentrl eval --policy random --groups 8 --out random.json
-    agentrl eval --model RUN_DIR --presets simpleSokobanAgent largeSokobanAgent  # newest step
+    agentrl eval --model RUN_DIR                      # newest step, as the run validated
+    agentrl eval --model RUN_DIR --presets simpleSokobanAgent largeSokobanAgent
     agentrl eval --model RUN_DIR/checkpoints/step_000100 --out step100.json
     agentrl eval --model Qwen/Qwen2.5-0.5B-Instruct --device cuda --max-batch 64
     agentrl eval --presets babyaiGoTo3Agent --compare enable_think=true enable_think=false
 
 Every preset plays the same GROUPS games (the first seeds of the held-out split, see
 agentrl/envs/splits.py), each GROUP_SIZE times. The model decodes greedily unless
---temperature is set. --policy oracle / random play without a model: the game's known solution
+--temperature is set. A training run or checkpoint plays as the run validated, so its last
+validation number and this one agree: its val.presets, val.group_num and val.group_size, its
+agent presets as the run had them (history windows, prompts), constrained or free
+(rollout.constrained_actions), its reply limit (val.max_new_tokens, else
+rollout.max_new_tokens) and context budget, each unless a flag says otherwise
+(--[no-]constrained, --max-new-tokens, ...; agentrl/cli/run_settings.py). Any other model
+decodes free, each preset at its own reply limit. A `decoding:` line and the JSON's
+"decoding" say how replies were decoded and where the settings came from. --policy oracle / random play without a model: the game's known solution
 and uniformly random legal actions, the bounds a trained model sits between.
 
 Prints a table (success % with its 95% Wilson interval, mean return, mean turns, valid-action
@@ -58,12 +66,14 @@ CHECKPOINTS_DIR = "checkpoints"
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--presets", nargs="+", default=list(DEFAULT_PRESETS), metavar="PRESET",
-                        help=f"agent presets, or 'all' (default: {' '.join(DEFAULT_PRESETS)})")
-    parser.add_argument("--groups", type=positive_int, default=4,
-                        help="held-out games per preset (default 4)")
-    parser.add_argument("--group-size", type=positive_int, default=1,
-                        help="episodes per game (default 1; >1 is useful with --temperature)")
+    parser.add_argument("--presets", nargs="+", default=None, metavar="PRESET",
+                        help="agent presets, or 'all' (default: a run's val.presets, else "
+                             f"{' '.join(DEFAULT_PRESETS)})")
+    parser.add_argument("--groups", type=positive_int, default=None,
+                        help="held-out games per preset (default: a run's val.group_num, else 4)")
+    parser.add_argument("--group-size", type=positive_int, default=None,
+                        help="episodes per game (default: a run's val.group_size, else 1; >1 is "
+                             "useful with --temperature)")
     parser.add_argument("--policy", choices=POLICIES, default="model",
                         help="who plays: the model (default), the oracle or random legal actions")
     parser.add_argument("--model", default="embedded",
@@ -78,20 +88,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
                         help="model weights' dtype (default float32)")
     parser.add_argument("--max-new-tokens", type=positive_int, default=None,
-                        help="cap on one reply's tokens (default: each preset's own limit)")
-    parser.add_argument("--max-context-tokens", type=positive_int, default=8192,
-                        help="token budget of one episode's context (default 8192, at most the "
-                             "model's own)")
+                        help="cap on one reply's tokens (default: a run's validation limit, "
+                             "else each preset's own)")
+    parser.add_argument("--max-context-tokens", type=positive_int, default=None,
+                        help="token budget of one episode's context (default: a run's "
+                             "rollout.max_context_tokens, else 8192; at most the model's own)")
     parser.add_argument("--temperature", type=non_negative_float, default=0.0,
                         help="sampling temperature (default 0: greedy)")
-    parser.add_argument("--constrained", action="store_true",
+    parser.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=None,
                         help="mask the model's replies to well-formed answers of each turn's "
-                             "valid actions (the trainer's rollout.constrained_actions)")
-    parser.add_argument("--max-batch", type=positive_int, default=16,
-                        help="most replies decoded together (default 16)")
-    parser.add_argument("--prefix-cache-tokens", type=non_negative_int, default=65536,
+                             "valid actions, or not (--no-constrained); default: as a run "
+                             "validated (its rollout.constrained_actions), else free")
+    parser.add_argument("--max-batch", type=positive_int, default=None,
+                        help="most replies decoded together (default: a run's "
+                             "rollout.max_batch, else 16)")
+    parser.add_argument("--prefix-cache-tokens", type=non_negative_int, default=None,
                         help="keys/values of past turns kept, so a turn reads only its new "
-                             "tokens (default 65536; 0 = off)")
+                             "tokens (default: a run's rollout.prefix_cache_tokens, else 65536; "
+                             "0 = off)")
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is often faster on "
                              "a busy machine)")
@@ -160,7 +174,14 @@ def run(args: argparse.Namespace, out=None) -> int:
     from agentrl.evaluation import evaluate
 
     out = out or sys.stdout
-    presets = select_presets(args.presets, load_agent_presets())
+    settings = None
+    if args.policy == "model":
+        from agentrl.cli.run_settings import run_settings
+
+        settings = run_settings(args.model)  # a run plays as its validation did
+    available = settings.agents if settings is not None else load_agent_presets()
+    names = args.presets or (settings.val_presets if settings is not None else DEFAULT_PRESETS)
+    presets = select_presets(list(names), available)
     writable_path(args.out, "--out")
     if args.plot is not None:
         writable_path(args.plot, "--plot")
@@ -173,16 +194,19 @@ def run(args: argparse.Namespace, out=None) -> int:
         variants = [parse_variant(text) for text in args.compare]
         for variant in variants:  # a bad value fails before the model loads
             apply_variant(presets, variant)
-    llm = None
+    llm = decoding = None
     if args.policy == "model":
-        sampling = _sampling(args, presets)  # bad settings fail before the model loads
-        llm = _load_llm(args)
+        presets, decoding = _decoding(args, presets, settings)
+        sampling = _sampling(args, presets, decoding)  # bad settings fail before the model loads
+        llm = _load_llm(args, settings)
         policy, label = llm, args.model
         options = {"sampling": sampling,
-                   "max_context_tokens": min(args.max_context_tokens, _model_context(llm))}
+                   "max_context_tokens": min(decoding.max_context_tokens, _model_context(llm))}
     else:
         policy, label, options = args.policy, args.policy, {}
-    common = dict(groups=args.groups, group_size=args.group_size, split=args.split,
+    groups = args.groups or (settings.groups if settings is not None else 4)
+    group_size = args.group_size or (settings.group_size if settings is not None else 1)
+    common = dict(groups=groups, group_size=group_size, split=args.split,
                   seed=args.seed, label=label, progress=not args.no_progress, **options)
     try:
         if variants:
@@ -195,6 +219,8 @@ def run(args: argparse.Namespace, out=None) -> int:
         if llm is not None:
             llm.close()
     console = Console(file=out, width=None if out.isatty() else TABLE_WIDTH)
+    if decoding is not None:
+        console.print(f"decoding: {decoding.describe()}", highlight=False, soft_wrap=True)
     if variants:
         report = _comparison_report(results, args, label, console)
     else:
@@ -202,6 +228,7 @@ def run(args: argparse.Namespace, out=None) -> int:
         report = result.to_dict()
         report["episodes"] = result.episode_records(args.log_episodes)
     if llm is not None:
+        report["decoding"] = decoding.to_dict()
         report["model"] = {"name": args.model, "path": model_path(args.model),
                            "sampling": dataclasses.asdict(options["sampling"]),
                            "generation": llm.stats.as_dict()}
@@ -227,27 +254,60 @@ def _comparison_report(results, args: argparse.Namespace, label: str, console) -
             "variants": {variant.label: result.to_dict() for variant, result in results}}
 
 
-def _load_llm(args: argparse.Namespace):
+def _load_llm(args: argparse.Namespace, settings=None):
     import torch
 
     from agentrl.engines import BatchingLLM
 
     if args.threads is not None:
         torch.set_num_threads(args.threads)
+    max_batch = args.max_batch or (settings and settings.max_batch) or 16
+    cache = args.prefix_cache_tokens
+    if cache is None:
+        cache = settings.prefix_cache_tokens if settings and settings.prefix_cache_tokens \
+            is not None else 65536
     model, tokenizer = load_named_model(args.model, device=args.device, dtype=args.dtype)
-    return BatchingLLM(model, tokenizer, max_batch=args.max_batch, seed=args.seed,
-                       prefix_cache_tokens=args.prefix_cache_tokens)
+    return BatchingLLM(model, tokenizer, max_batch=max_batch, seed=args.seed,
+                       prefix_cache_tokens=cache)
 
 
-def _sampling(args: argparse.Namespace, presets: Mapping[str, Any]):
+def _decoding(args: argparse.Namespace, presets: dict[str, Any], settings):
+    """The presets as they play and how replies are decoded: a flag, else the run's
+    validation (``settings``), else greedy, free, each preset's own reply limit."""
+    from agentrl.cli.run_settings import played_presets
+    from agentrl.evaluation.decoding import Decoding
+
+    run = settings.decoding if settings is not None else None
+    limit = args.max_new_tokens or (run.max_new_tokens if run else None)
+    if run is not None:  # the run's reply limit is the one its prompts state
+        presets = played_presets(presets, limit)
+    constrained = args.constrained if args.constrained is not None else bool(
+        run and run.constrained)
+    context = args.max_context_tokens or (run and run.max_context_tokens) or 8192
+    flags = [flag for flag, given in (
+        ("--max-new-tokens", args.max_new_tokens is not None),
+        ("--constrained" if args.constrained else "--no-constrained", args.constrained is not None),
+        ("--temperature", args.temperature > 0),
+        ("--max-context-tokens", args.max_context_tokens is not None)) if given]
+    source = run.source if run else "agentrl eval's defaults"
+    if flags:
+        source += f", with {', '.join(flags)}"
+    return presets, Decoding(constrained=constrained, max_new_tokens=limit,
+                             temperature=args.temperature, max_context_tokens=context,
+                             history_windows={name: config.history_window
+                                              for name, config in presets.items()},
+                             source=source)
+
+
+def _sampling(args: argparse.Namespace, presets: Mapping[str, Any], decoding):
     from agentrl.evaluation import greedy_sampling
 
     sampling = greedy_sampling(presets)
-    if args.max_new_tokens is not None:
-        sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
-    if args.temperature > 0:
-        sampling = dataclasses.replace(sampling, greedy=False, temperature=args.temperature)
-    return dataclasses.replace(sampling, constrained_actions=bool(args.constrained))
+    if decoding.max_new_tokens is not None:
+        sampling = dataclasses.replace(sampling, max_new_tokens=decoding.max_new_tokens)
+    if decoding.temperature > 0:
+        sampling = dataclasses.replace(sampling, greedy=False, temperature=decoding.temperature)
+    return dataclasses.replace(sampling, constrained_actions=decoding.constrained)
 
 
 def _model_context(llm) -> int:

@@ -43,20 +43,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--oracle", action="store_true", help="watch the oracle solve the game")
     parser.add_argument("--delay", type=non_negative_float, default=0.0,
                         help="seconds between oracle moves or model turns")
-    parser.add_argument("--constrained", action="store_true",
+    parser.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=None,
                         help="take only valid actions (as constrained decoding does): a person's "
-                             "other lines are refused; a model decodes under the answer grammar")
+                             "other lines are refused; a model decodes under the answer grammar "
+                             "(--no-constrained: free; a run's model decodes as the run "
+                             "validated unless this says otherwise)")
     model = parser.add_argument_group("watching a model (--model)")
     model.add_argument("--model", default=None,
                        help="watch this model play: embedded, tiny, an HF folder or hub id, a "
                             "checkpoint or a run folder (as agentrl eval --model)")
     model.add_argument("--agent-preset", default=None,
-                       help="agent preset (prompts, limits) the model plays with (default: the "
-                            "game's first in configs/agents.yaml matching --preset)")
+                       help="agent preset (prompts, limits) the model plays with (default: a "
+                            "run's validation preset of the game, else the game's first in "
+                            "configs/agents.yaml matching --preset)")
     model.add_argument("--temperature", type=non_negative_float, default=0.0,
                        help="sampling temperature (default 0: greedy)")
     model.add_argument("--max-new-tokens", type=positive_int, default=None,
-                       help="cap on one reply's tokens (default: the preset's)")
+                       help="cap on one reply's tokens (default: a run's validation limit, "
+                            "else the preset's)")
     model.add_argument("--device", choices=("auto", "cpu", "cuda"), default="auto",
                        help="where the model runs (default auto)")
     model.add_argument("--pause", action="store_true",

@@ -7,7 +7,11 @@
 The model plays exactly as in training and evaluation: the agent preset's prompts and rules
 (``--agent-preset``, default: the game's first preset in configs/agents.yaml, or the one whose
 game preset is ``--preset``), through :func:`agentrl.rollout.run_episode` on the local engine,
-greedy unless ``--temperature`` is set. After each reply it prints the reply, the actions run
+greedy unless ``--temperature`` is set. A run's (or checkpoint's) model plays as the run
+validated (agentrl/cli/run_settings.py): its validation preset of the game as the run had it,
+constrained or free, its reply limit and context budget, unless ``--agent-preset``,
+``--[no-]constrained`` or ``--max-new-tokens`` say otherwise; a ``decoding:`` line says how
+replies are decoded. After each reply it prints the reply, the actions run
 (and whether the game accepted each), the reward and the new board, then waits ``--delay``
 seconds, or for Enter with ``--pause`` (``q`` or end of input stops). ``--model`` takes what
 ``agentrl eval --model`` takes (agentrl/models/loading.py resolves it).
@@ -33,13 +37,18 @@ class StopWatching(Exception):
     """The viewer stopped the episode (``q`` or end of input under ``--pause``)."""
 
 
-def agent_preset_for(game: str, name: str | None, game_preset: str | None
-                     ) -> tuple[str, AgentConfig]:
-    """The agent preset to play ``game`` with: ``name``, else the first preset of the game
-    (whose game preset is ``game_preset`` when given). A mismatch raises ValueError naming the
-    allowed presets."""
-    presets = load_agent_presets()
+def agent_preset_for(game: str, name: str | None, game_preset: str | None,
+                     presets: dict[str, AgentConfig] | None = None,
+                     preferred: tuple[str, ...] = ()) -> tuple[str, AgentConfig]:
+    """The agent preset to play ``game`` with: ``name``, else the first of ``preferred`` (a
+    run's validation presets) of the game, else the first preset of the game (whose game preset
+    is ``game_preset`` when given), from ``presets`` (default: configs/agents.yaml). A mismatch
+    raises ValueError naming the allowed presets."""
+    presets = presets if presets is not None else load_agent_presets()
     of_game = {n: c for n, c in presets.items() if c.game == game}
+    if name is None:
+        name = next((n for n in preferred if n in of_game and (
+            game_preset is None or of_game[n].env_kwargs.get("preset") == game_preset)), None)
     if name is not None:
         if name not in of_game:
             raise ValueError(f"--agent-preset {name!r} is not a {game} preset; allowed: "
@@ -84,14 +93,36 @@ class WatchedAgent(AgentWrapper):
 
 def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     """Load the model and let it play one episode of ``args.game`` on ``args.seed``."""
-    import dataclasses
-
     from agentrl.cli.arguments import check_device
     from agentrl.cli.eval import load_named_model
     from agentrl.engines import BatchingLLM, SamplingParams
     from agentrl.rollout import run_episode
 
-    name, config = agent_preset_for(args.game, args.agent_preset, args.preset)
+    from agentrl.cli.run_settings import played_presets, run_settings
+    from agentrl.evaluation.decoding import Decoding
+
+    settings = run_settings(args.model)  # a run's model plays as the run validated
+    name, config = agent_preset_for(
+        args.game, args.agent_preset, args.preset,
+        settings.agents if settings is not None else None,
+        tuple(settings.val_presets) if settings is not None else ())
+    run = settings.decoding if settings is not None else None
+    limit = args.max_new_tokens or (run.max_new_tokens if run else None)
+    if run is not None:
+        config = played_presets({name: config}, limit)[name]
+    constrained = args.constrained if args.constrained is not None else bool(
+        run and run.constrained)
+    context = (run and run.max_context_tokens) or DEFAULT_MAX_CONTEXT_TOKENS
+    flags = [flag for flag, given in (
+        ("--max-new-tokens", args.max_new_tokens is not None),
+        ("--constrained" if args.constrained else "--no-constrained", args.constrained is not None),
+        ("--temperature", args.temperature > 0)) if given]
+    source = run.source if run else "defaults"
+    decoding = Decoding(constrained=constrained,
+                        max_new_tokens=limit or config.max_response_tokens,
+                        temperature=args.temperature, max_context_tokens=context,
+                        history_windows={name: config.history_window},
+                        source=source + (f", with {', '.join(flags)}" if flags else ""))
     check_device(args.device)
     say = lambda text="": print(text, file=out, flush=True)  # noqa: E731
 
@@ -107,18 +138,16 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     model, tokenizer = load_named_model(args.model, device=args.device)
     llm = BatchingLLM(model, tokenizer, max_batch=1, seed=args.seed)
     sampling = SamplingParams(greedy=args.temperature == 0, temperature=args.temperature or 1.0,
-                              max_new_tokens=config.max_response_tokens,
-                              constrained_actions=bool(getattr(args, "constrained", False)))
-    if args.max_new_tokens is not None:
-        sampling = dataclasses.replace(sampling, max_new_tokens=args.max_new_tokens)
+                              max_new_tokens=decoding.max_new_tokens,
+                              constrained_actions=decoding.constrained)
     agent = Agent(config)
     say(f"== {args.game} (seed {args.seed}): {args.model} plays as {name} ==")
+    say(f"decoding: {decoding.describe()}")
     stopped = False
     try:
         trajectory = asyncio.run(run_episode(
             WatchedAgent(agent, say, wait), args.seed, llm, tokenizer, sampling,
-            max_context_tokens=min(DEFAULT_MAX_CONTEXT_TOKENS,
-                                   llm.max_positions or DEFAULT_MAX_CONTEXT_TOKENS),
+            max_context_tokens=min(context, llm.max_positions or context),
             preset=name))
     except StopWatching:
         stopped = True

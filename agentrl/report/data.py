@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from agentrl.evaluation.decoding import run_decoding
 from agentrl.evaluation.references import REFERENCE_POLICIES, played_references
 from agentrl.evaluation.stats import rounded
 from agentrl.trainers.episode_log import read_episodes, step_files
@@ -186,6 +187,8 @@ def run_data(run_dir: str | Path, *, reference_files: Iterable[str | Path] = (),
     last_step = records[-1]["step"] if records else None
     extra = [("run folder", str(run_dir)), ("run id", str(run.get("run_id", "?"))),
              ("steps logged", str(last_step))]
+    if config:
+        extra.append(("decoding", "validation " + run_decoding(config).describe()))
     return {"kind": "run", "title": f"agentrl run {run.get('run_id') or run_dir.name}",
             "config": _summary(config, extra), "series": series, "presets": presets,
             "references": references, "table": _table(presets, series, references),
@@ -229,6 +232,11 @@ def eval_data(path: str | Path) -> dict[str, Any]:
     extra = [("file", str(path)), ("policy", str(model or data.get("policy"))),
              ("split", str(data.get("split"))), ("seeds", str(data.get("seeds"))),
              ("group size", str(data.get("group_size")))]
+    decoding = data.get("decoding")
+    if isinstance(decoding, dict) and isinstance(decoding.get("description"), str):
+        extra.append(("decoding", decoding["description"]))
+    elif data.get("policy") not in REFERENCE_POLICIES:
+        extra.append(("decoding", "not recorded (a file of an older agentrl eval)"))
     return {"kind": "eval", "title": f"agentrl eval {path.name}",
             "config": {"summary": [[k, v] for k, v in extra], "all": []}, "series": {},
             "presets": presets, "references": {}, "table": table,
