@@ -13,7 +13,8 @@
 - :mod:`agentrl.verl.cpu_platform`: a ``cpu`` platform for verl's ``PlatformRegistry`` and its
   pinned patches, so verl's own trainer runs on a CPU (``hardware=cpu-verl``).
 - :mod:`agentrl.verl.returns`: what verl's PPO lacks for games, patched in the same way: the
-  value clip scaled to the returns, episodes cut by the response budget bootstrapped.
+  value clip scaled to the returns (and why an episode cut by the response budget is ended
+  there, not bootstrapped).
 - :mod:`agentrl.verl.cluster`: the Ray cluster a GPU run joins: its GPUs counted, every node
   probed (same checkout, shared ``run_dir``, flash-attn).
 - :mod:`agentrl.verl.constrained`: constrained action decoding on verl, the local engine's

@@ -63,9 +63,8 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   :class:`GameAgentLoopManager` logs every batch's ``train/<preset>/...`` or ``val/<preset>/...``
   metrics under the local engine's names (:mod:`agentrl.verl.metrics`). An episode the
   response budget ended counts as ``context_exhausted``, and is flagged
-  ``extra_fields["agentrl_truncated"]``: the legacy trainer's GAE bootstraps it from the
-  critic's last value instead of ending it (:mod:`agentrl.verl.returns`, patched in by
-  :class:`GameAgentLoopManager`).
+  ``extra_fields["agentrl_truncated"]``; GAE ends it where it was cut, as the local engine and
+  V1 do (why: :mod:`agentrl.verl.returns`).
 - **Episode records.** ``extra_fields["agentrl_episode_record"]`` carries the episode's record
   (per turn the observation, reply, actions and flags; bounded, about as many characters as the
   episode has tokens); the manager takes that column out of the batch and writes a sample

@@ -9,9 +9,9 @@ Under V1 the rows go from the AgentLoop workers straight into TransferQueue, so 
 never sees them: a V1 run logs verl's own metrics (``val-core/<preset>/…``,
 ``val-aux/<preset>/success/…``) but not the local engine's ``train/<preset>/…`` names or episode
 records, which the legacy trainer's :class:`~agentrl.verl.agent_loop.GameAgentLoopManager`
-writes. An episode cut by the response budget is not bootstrapped from the critic under V1
-(its advantage step reads fixed fields and imports ``compute_advantage`` by name), as it is
-under the legacy trainer (:mod:`agentrl.verl.returns`).
+writes. An episode cut by the response budget ends where it was cut, as on the legacy trainer
+and the local engine (:mod:`agentrl.verl.returns`): V1's advantage step reads fixed fields, so
+GAE never sees the ``agentrl_truncated`` flag.
 """
 
 from __future__ import annotations

@@ -21,8 +21,8 @@ onto verl's is spelled out in :mod:`agentrl.verl.overrides`, section by section;
 ``rollout.max_wait_ms``, ``rollout.prefix_cache_tokens``: vLLM caches prefixes itself) are not
 read; settings verl has no counterpart for and that would change the training
 (``rollout.filter_ratio``, ``rollout.norm_method``, ``critic.share_backbone``, ``lora.dropout``)
-fail at start-up (:mod:`agentrl.config.verl_rules`). ``critic.value_clip_scale: returns`` and the
-bootstrap of episodes the response budget cut are patched into verl (:mod:`agentrl.verl.returns`).
+fail at start-up (:mod:`agentrl.config.verl_rules`). ``critic.value_clip_scale: returns`` is
+patched into verl (:mod:`agentrl.verl.returns`).
 
 Before anything starts, :mod:`agentrl.verl.preflight` fits the micro-batches to each GPU's
 share and the memory estimate to the card, and checks verl's dispatch divisions on the composed

@@ -1,5 +1,4 @@
-"""What verl 0.9.1's PPO lacks for games, patched in: the value clip scaled to the returns, and
-episodes cut by the response budget bootstrapped instead of ended.
+"""What verl 0.9.1's PPO lacks for games, patched in: the value clip scaled to the returns.
 
 The launch names this module in ``VERL_USE_EXTERNAL_MODULES`` (verl imports it in every process
 it starts) and sets :data:`VALUE_CLIP_ENV` from ``critic.value_clip_scale``; the patches go
@@ -19,12 +18,15 @@ critic workers a partial of it) clips at ``cliprange_value * scale``, logged as
 ``critic/cliprange_value``. The V1 trainer selects only its own columns for GAE, so there the
 scale is that of the micro-batch's returns.
 
-**Truncation.** An episode the response budget ended (``BudgetedAgent``: the next observation
-did not fit) is not over, but verl's GAE ends every row with a next value of 0. For rows flagged
-:data:`TRUNCATED` (by the AgentLoop), :func:`compute_advantage` adds ``gamma * V`` at the last
-model token (the critic's value there: the nearest estimate of the state the cut left) to the
-reward GAE reads, so the last step's TD error is ``r + gamma * V - V`` instead of ``r - V``; the
-rewards verl logs are unchanged. Legacy trainer only (V1 drops the flag before GAE).
+**A cut episode ends where it is cut**, on both trainers as on the local engine: an episode the
+response budget ended (``BudgetedAgent``: the next observation did not fit; flagged
+:data:`TRUNCATED`) gets verl's GAE unchanged, a next value of 0 after its last model token. Its
+return is what it earned, so the critic's target has a fixed point. Bootstrapping it with the
+value at its last model token would count that token's reward twice: verl reads the value of
+response token t at the position before t (``no_padding_2_padding``), so that value already
+estimates r_T and what follows, and a target of r_T + V_T moves by r_T every time the critic
+reaches it (at gamma = 1). The value a bootstrap needs is that of the state after the last
+turn, which the row does not hold (its observation did not fit).
 """
 
 from __future__ import annotations
@@ -32,19 +34,19 @@ from __future__ import annotations
 import dataclasses
 import os
 from collections.abc import Callable
-from typing import Any
 
 import torch
 
-__all__ = ["RETURN_SCALE", "TRUNCATED", "VALUE_CLIP_ENV", "bootstrap_truncated",
-           "patch_compute_advantage", "return_scale"]
+__all__ = ["RETURN_SCALE", "TRUNCATED", "VALUE_CLIP_ENV", "patch_compute_advantage",
+           "return_scale"]
 
 VALUE_CLIP_ENV = "AGENTRL_VALUE_CLIP_SCALE"
 """``returns`` (scale the value clip) or ``absolute`` (verl's), set by the launch."""
 RETURN_SCALE = "agentrl_return_scale"
 """Batch column: the step's return scale, the same in every row."""
 TRUNCATED = "agentrl_truncated"
-"""``extra_fields`` key (a batch column): the response budget, not the game, ended the episode."""
+"""``extra_fields`` key (a batch column): the response budget, not the game, ended the episode.
+It tells which rows those are; GAE ends them like any other (the module docstring)."""
 OWNER = "agentrl/verl/returns.py"
 
 
@@ -55,26 +57,6 @@ def return_scale(returns: torch.Tensor, mask: torch.Tensor) -> float:
     return max(1.0, float(mean_square.sqrt()))
 
 
-def bootstrap_truncated(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor,
-                        truncated: torch.Tensor, gamma: float) -> torch.Tensor:
-    """``rewards`` with ``gamma * values`` added at the last model token of each truncated row
-    (rows without model tokens are left alone)."""
-    out = rewards.clone()
-    width = mask.shape[-1]
-    has_tokens = mask.bool().any(dim=-1)
-    last = width - 1 - mask.bool().flip(-1).int().argmax(dim=-1)
-    rows = torch.nonzero(truncated.bool() & has_tokens).flatten()
-    out[rows, last[rows]] += gamma * values[rows, last[rows]].to(out.dtype)
-    return out
-
-
-def _truncated_rows(data: Any) -> torch.Tensor | None:
-    flags = data.non_tensor_batch.get(TRUNCATED)
-    if flags is None:
-        return None
-    return torch.tensor([bool(flag) for flag in flags], dtype=torch.bool)
-
-
 def _scales_clip() -> bool:
     return os.environ.get(VALUE_CLIP_ENV, "absolute") == "returns"
 
@@ -83,20 +65,10 @@ def _scales_clip() -> bool:
 def _compute_advantage(original: Callable) -> Callable:
     def compute_advantage(data, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1,
                           norm_adv_by_std_in_grpo=True, config=None):
-        call = dict(adv_estimator=adv_estimator, gamma=gamma, lam=lam, num_repeat=num_repeat,
-                    norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo, config=config)
-        truncated = _truncated_rows(data)
+        data = original(data, adv_estimator=adv_estimator, gamma=gamma, lam=lam,
+                        num_repeat=num_repeat, norm_adv_by_std_in_grpo=norm_adv_by_std_in_grpo,
+                        config=config)
         is_gae = str(getattr(adv_estimator, "value", adv_estimator)) == "gae"
-        if not is_gae or truncated is None or not truncated.any():
-            data = original(data, **call)
-        else:
-            rewards = data.batch["token_level_rewards"]
-            data.batch["token_level_rewards"] = bootstrap_truncated(
-                rewards, data.batch["values"], data.batch["response_mask"], truncated, gamma)
-            try:
-                data = original(data, **call)
-            finally:
-                data.batch["token_level_rewards"] = rewards
         if is_gae and _scales_clip():
             scale = return_scale(data.batch["returns"], data.batch["response_mask"])
             data.batch[RETURN_SCALE] = torch.full((len(data),), scale)
@@ -149,9 +121,8 @@ def patch_value_loss() -> None:
 
 
 def patch_compute_advantage() -> None:
-    """The legacy trainer's ``compute_advantage`` with truncated rows bootstrapped and the step's
-    return scale stored; called in the TaskRunner (by ``GameAgentLoopManager``), where the
-    trainer runs it."""
+    """The legacy trainer's ``compute_advantage`` with the step's return scale stored; called in
+    the TaskRunner (by ``GameAgentLoopManager``), where the trainer runs it."""
     import verl
 
     from agentrl.verl.cpu_platform import apply_patches

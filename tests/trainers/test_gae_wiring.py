@@ -52,6 +52,24 @@ def test_gae_by_hand_skips_observation_tokens():
     assert advantages[0, model_tokens] == pytest.approx(whitened.tolist(), abs=1e-4)
 
 
+@pytest.mark.parametrize("gamma_unit", ["token", "turn"])
+def test_a_cut_episodes_critic_target_has_a_fixed_point(gamma_unit):
+    """An episode cut by its turn budget (two turns, ``max_turns: 2``) ends where it is cut: a
+    critic fitted exactly to its target, step after step, gives the same target again (the
+    values are read before each token, so the last token's value already holds its reward)."""
+    batch = to_batch([two_turn_episode()], pad_token_id=0, reward_placement="turn")
+    mask = batch["response_mask"].float()
+    values = torch.zeros_like(mask)
+    last_targets = []
+    for _ in range(3):
+        _, values = ppo.compute_advantages("gae", batch["token_level_rewards"], mask,
+                                           values=values, gamma=1.0, lam=1.0,
+                                           gamma_unit=gamma_unit)  # critic := target
+        last_targets.append(float(values[0, 5]))
+    assert last_targets == pytest.approx([2.0, 2.0, 2.0])
+    assert values[0, mask[0] == 1].tolist() == pytest.approx([3.0, 3.0, 2.0, 2.0])
+
+
 def test_last_placement_puts_the_score_on_the_last_model_token():
     trajectory = two_turn_episode()
     batch = to_batch([trajectory], pad_token_id=0, reward_placement="last")

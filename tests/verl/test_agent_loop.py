@@ -278,7 +278,7 @@ def test_budget_ends_the_episode_before_an_observation_overflows(workers, fake, 
     assert sample.rm_scores == pytest.approx(expected)
     (info,) = result.non_tensor["agentrl_episode"]
     assert info["metrics"]["context_exhausted"] == 1.0 and info["num_turns"] == 3
-    assert list(result.non_tensor["agentrl_truncated"]) == [True]  # GAE bootstraps it
+    assert list(result.non_tensor["agentrl_truncated"]) == [True]  # GAE ends it there
     # verl's own per-preset extras (val-aux/<preset>/...)
     assert (result.non_tensor["success"][0], result.non_tensor["turns"][0]) == (0.0, 3.0)
     assert result.non_tensor["episode_return"][0] == pytest.approx(info["episode_return"])

@@ -1,5 +1,6 @@
-"""verl's value clip scaled to the returns and truncated episodes bootstrapped
-(agentrl.verl.returns), through verl 0.9.1's own value loss and compute_advantage."""
+"""verl's value clip scaled to the returns, and episodes cut by the response budget ended where
+they are cut (agentrl.verl.returns), through verl 0.9.1's own value loss, compute_advantage and
+value slice."""
 
 from __future__ import annotations
 
@@ -11,7 +12,7 @@ from verl import DataProto
 from verl.trainer.ppo import ray_trainer
 from verl.utils import tensordict_utils as tu
 from verl.workers.config import CriticConfig
-from verl.workers.utils import losses
+from verl.workers.utils import losses, padding
 
 from agentrl.verl import cpu_platform, returns
 
@@ -68,7 +69,7 @@ def test_return_scale_is_the_local_engines():
     assert returns.return_scale(values * 0.1, torch.tensor([[1, 1, 0]])) == 1.0
 
 
-# -- truncated episodes ----------------------------------------------------------------------------
+# -- cut episodes ---------------------------------------------------------------------------------
 def gae_batch(truncated: list[bool | None]) -> DataProto:
     """Two rows: model tokens, an observation (mask 0), a reply, then padding."""
     mask = torch.tensor([[1, 1, 0, 1, 0], [1, 1, 0, 1, 0]], dtype=torch.float32)
@@ -80,32 +81,91 @@ def gae_batch(truncated: list[bool | None]) -> DataProto:
     return data
 
 
-def test_a_truncated_episode_bootstraps_from_its_last_value(monkeypatch):
+def test_a_cut_episode_ends_where_it_is_cut(monkeypatch):
     monkeypatch.setenv(returns.VALUE_CLIP_ENV, "returns")
     patched = returns._compute_advantage(unpatched(ray_trainer.compute_advantage))
     data = patched(gae_batch([True, False]), "gae", gamma=1.0, lam=1.0, config={})
     got = data.batch["returns"]
-    # gamma = lam = 1: each model token's return is the rewards after it, plus V(last) if cut
-    assert got[0, [0, 1, 3]].tolist() == pytest.approx([1.5 + 3.0, 1.5 + 3.0, 1.0 + 3.0])
-    assert got[1, [0, 1, 3]].tolist() == pytest.approx([1.5, 1.5, 1.0])
-    assert data.batch["token_level_rewards"][0].tolist() == [0.0, 0.5, 0.0, 1.0, 0.0]  # as logged
+    # gamma = lam = 1: each model token's return is the rewards after it, cut or not
+    assert got[0, [0, 1, 3]].tolist() == pytest.approx([1.5, 1.5, 1.0])
+    assert torch.equal(got[0], got[1])
+    assert data.batch["token_level_rewards"][0].tolist() == [0.0, 0.5, 0.0, 1.0, 0.0]
     mask = data.batch["response_mask"]
     assert data.batch[returns.RETURN_SCALE].tolist() == pytest.approx(
         [returns.return_scale(got, mask)] * 2)
 
 
-def test_without_a_flag_verls_gae_is_unchanged(monkeypatch):
+def test_verls_gae_is_unchanged_cut_or_not(monkeypatch):
     monkeypatch.setenv(returns.VALUE_CLIP_ENV, "absolute")
     patched = returns._compute_advantage(unpatched(ray_trainer.compute_advantage))
-    data = gae_batch([None, False])
-    plain = unpatched(ray_trainer.compute_advantage)(gae_batch([None, False]), "gae", gamma=0.9, lam=0.95, config={})
-    data = patched(data, "gae", gamma=0.9, lam=0.95, config={})
+    plain = unpatched(ray_trainer.compute_advantage)(gae_batch([True, None]), "gae", gamma=0.9,
+                                                     lam=0.95, config={})
+    data = patched(gae_batch([True, None]), "gae", gamma=0.9, lam=0.95, config={})
     assert torch.equal(data.batch["returns"], plain.batch["returns"])
     assert returns.RETURN_SCALE not in data.batch.keys()
 
 
-def test_bootstrap_skips_rows_without_model_tokens():
-    rewards = torch.zeros(2, 3)
-    out = returns.bootstrap_truncated(rewards, torch.ones(2, 3), torch.tensor([[0, 0, 0],
-                                      [1, 0, 0]]), torch.tensor([True, True]), gamma=0.5)
-    assert out.tolist() == [[0.0, 0.0, 0.0], [0.5, 0.0, 0.0]]
+def critic_reads(outputs: torch.Tensor, prompt: int) -> torch.Tensor:
+    """The values verl's critic hands GAE: its per-position ``outputs`` of one unpadded row
+    (``prompt`` tokens, then the response), sliced by verl's own ``no_padding_2_padding``; the
+    value of response token t is the output at the position before t."""
+    response = outputs.numel() - prompt
+    row = tu.get_tensordict(tensor_dict={
+        "prompts": torch.ones(1, prompt, dtype=torch.long),
+        "responses": torch.ones(1, response, dtype=torch.long),
+        "attention_mask": torch.ones(1, prompt + response, dtype=torch.long)})
+    return padding.no_padding_2_padding(outputs, row)
+
+
+def test_a_cut_episodes_critic_target_has_a_fixed_point(monkeypatch):
+    """A critic fitted exactly to its target, step after step, on an episode the response budget
+    cut (flagged, as the AgentLoop flags it): the target stops moving. A bootstrap with the value
+    at the last model token, which verl reads before that token and so already holds its reward,
+    would make the target r + V there: at gamma = 1 a drift of r a step."""
+    monkeypatch.setenv(returns.VALUE_CLIP_ENV, "returns")
+    patched = returns._compute_advantage(unpatched(ray_trainer.compute_advantage))
+    data = gae_batch([True, True])
+    prompt = 2
+    outputs = torch.zeros(prompt + data.batch["values"].shape[1])  # the critic, per position
+    last_targets = []
+    for _ in range(3):
+        data.batch["values"] = critic_reads(outputs, prompt).repeat(2, 1)
+        data = patched(data, "gae", gamma=1.0, lam=1.0, config={})
+        target = data.batch["returns"][0]
+        last_targets.append(float(target[3]))
+        outputs[prompt - 1:-1] = target  # critic := target, at the positions verl reads
+    assert last_targets == pytest.approx([1.0, 1.0, 1.0])  # the last reward, and no more
+    assert data.batch["returns"][0, [0, 1, 3]].tolist() == pytest.approx([1.5, 1.5, 1.0])
+
+
+def test_v1_ends_a_cut_episode_where_it_is_cut():
+    """V1's advantage step hands verl's GAE only the fields it selects (``response_mask``,
+    ``rm_scores``, ``values``, ...): a cut episode's row, flagged by our AgentLoop, ends like any
+    other, and a critic fitted to its target, step after step, has a fixed point."""
+    from verl_fakes import fake_transfer_queue
+
+    from agentrl.rollout.records import Trajectory
+    from agentrl.verl.rows import episode_output
+
+    cut = Trajectory(preset="p", seed=0, group_index=0, prompt_ids=[11, 12, 13],
+                     response_ids=[21, 22, 31, 32, 41, 42], response_mask=[1, 1, 0, 0, 1, 1],
+                     response_logprobs=[-1.0] * 6, turn_end_positions=[1, 5],
+                     turn_rewards=[1.0, 2.0], success=False, episode_return=3.0, num_turns=2)
+    row = episode_output(cut, response_length=6, reward_placement="turn", with_logprobs=False,
+                         budget_exhausted=True).as_dict()
+    assert row["extra_fields"][returns.TRUNCATED] is True
+    mask = row["response_mask"].float().unsqueeze(0)
+    values = torch.zeros_like(mask)
+    last_targets = []
+    with fake_transfer_queue():
+        from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
+        for _ in range(3):
+            data = DataProto.from_dict(tensors={
+                "response_mask": mask, "values": values,
+                "token_level_rewards": row["rm_scores"].unsqueeze(0)})
+            data = compute_advantage_for_multi_trajectories(
+                data, batch_keys=["u_0_0"], adv_estimator="gae", gamma=1.0, lam=1.0, config={})
+            values = data.batch["returns"].clone()  # critic := target
+            last_targets.append(float(values[0, 5]))
+    assert last_targets == pytest.approx([2.0, 2.0, 2.0])
+    assert values[0, mask[0].bool()].tolist() == pytest.approx([3.0, 3.0, 2.0, 2.0])
