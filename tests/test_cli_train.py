@@ -100,3 +100,28 @@ def test_cpu_verl_reruns_itself_with_the_venvs_python(tmp_path):
         "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
         "train.total_steps=2"]
     assert f"running {fake}" in done.stderr
+
+
+@pytest.mark.slow  # three PPO steps of the tiny model, each validated: ~30 s on 2 busy cores
+def test_a_run_prints_its_last_and_its_best_checkpoint(tmp_path, capsys, monkeypatch,
+                                                        one_torch_thread):
+    from agentrl.trainers.checkpoint import list_checkpoints, model_folder, read_best
+    from agentrl.trainers.tracking import read_metrics
+
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run_dir = tmp_path / "run"
+    assert cli.main(["train", "model=tiny", f"run_dir={run_dir}", "train.total_steps=3",
+                     *TINY_RUN, "val.test_freq=1", "val.group_num=4", "trainer.save_freq=0",
+                     "trainer.keep_last=1"]) == 0
+    out = capsys.readouterr().out
+    success = {r["step"]: r["val/banditAgent/success"] for r in read_metrics(run_dir / "metrics.jsonl")}
+    best_step = max(success, key=lambda s: (success[s], -s))  # the first of the highest
+    best = read_best(run_dir)
+    assert best.step == best_step and best.val_success == success[best_step]
+    root = run_dir / "checkpoints"
+    assert {p.name for p in list_checkpoints(run_dir)} == {best.folder_name, "step_000003"}
+    assert (f"checkpoint: {root / 'step_000003'} (the last: step 3, held-out success "
+            f"{100 * success[3]:.1f}%)") in out
+    assert (f"best:       {root / best.folder_name} (the best: step {best_step}, held-out "
+            f"success {100 * success[best_step]:.1f}%") in out
+    assert model_folder(run_dir) == root / best.folder_name / "actor"

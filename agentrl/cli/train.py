@@ -94,11 +94,23 @@ def run(args: argparse.Namespace) -> int:
     finally:
         trainer.close()
     print(f"\nrun {result.run_id}: {result.step} steps in {result.run_dir}")
-    print(f"  checkpoint: {result.checkpoint}")
+    last = _held_out(result.step, result.last_val_success)
+    print(f"  checkpoint: {result.checkpoint} (the last{last})")
+    if result.best is not None:  # what the run folder stands for (agentrl eval/play --model)
+        best = result.best
+        print(f"  best:       {result.best_checkpoint} "
+              f"(the best{_held_out(best.step, best.val_success)}; eval and play take it)")
+    if result.stopped:
+        print(f"  stopped early: {result.stopped}")
     print(f"  metrics:    {result.metrics}")
     if result.plot is not None:
         print(f"  plot:       {result.plot}")
     return 0
+
+
+def _held_out(step: int, success: float | None) -> str:
+    """``: step 12, held-out success 34.4%`` (the success left out when not validated)."""
+    return f": step {step}" + ("" if success is None else f", held-out success {100 * success:.1f}%")
 
 
 def _find_vllm(config: Any, args: argparse.Namespace) -> None:

@@ -2,7 +2,8 @@
 one JSON-able dict (the page's embedded data).
 
 - **Config summary**: ``<run_dir>/config.yaml`` (verl runs) or the newest checkpoint's
-  ``config.yaml`` (local runs), flattened to ``key: value`` rows (the agent presets left out).
+  ``config.yaml`` (local runs), flattened to ``key: value`` rows (the agent presets left out),
+  after the run's best checkpoint by held-out validation (``checkpoints/best.json``).
 - **Curves**: ``metrics.jsonl``: per preset ``success``, ``return``, ``format_error``,
   ``action_is_valid``, ``turns``, ``response_length`` (train and val), and the trainer's losses,
   entropy, KL and step time, values rounded to 4 significant digits.
@@ -26,6 +27,7 @@ from typing import Any
 from agentrl.evaluation.decoding import run_decoding
 from agentrl.evaluation.references import REFERENCE_POLICIES, played_references
 from agentrl.evaluation.stats import rounded
+from agentrl.trainers.checkpoint import read_best
 from agentrl.trainers.episode_log import read_episodes, step_files
 from agentrl.trainers.tracking import read_metrics
 
@@ -189,11 +191,24 @@ def run_data(run_dir: str | Path, *, reference_files: Iterable[str | Path] = (),
              ("steps logged", str(last_step))]
     if config:
         extra.append(("decoding", "validation " + run_decoding(config).describe()))
+    extra.append(("best checkpoint", _best_checkpoint(run_dir)))
     return {"kind": "run", "title": f"agentrl run {run.get('run_id') or run_dir.name}",
             "config": _summary(config, extra), "series": series, "presets": presets,
             "references": references, "table": _table(presets, series, references),
             "episodes": {str(step): recs for step, recs in episodes.items()},
             "episode_steps_total": len(step_files(run_dir))}
+
+
+def _best_checkpoint(run_dir: Path) -> str:
+    """The run's best checkpoint by held-out validation, which a run folder stands for."""
+    try:
+        best = read_best(run_dir)
+    except ValueError as error:
+        return f"unreadable: {error}"
+    if best is None:
+        return "none recorded (the run folder stands for its newest)"
+    return (f"step {best.step}, held-out success {100 * best.val_success:.1f}% "
+            "(checkpoints/best.json; eval and play take it)")
 
 
 def read_eval_file(path: str | Path, flag: str = "") -> dict[str, Any]:

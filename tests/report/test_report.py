@@ -147,3 +147,20 @@ def test_reference_lines_are_the_oracle_and_random_on_the_validation_seeds(tmp_p
     assert data["references"][PRESETS[0]]["random"]["success"] < 1.0  # Sokoban: random fails
     row = data["table"][0]
     assert row["oracle"] == 1.0 and row["val_success"] == 1.0 and row["best_step"] == 3
+
+
+def test_the_summary_names_the_best_checkpoint_the_run_folder_stands_for(tmp_path):
+    from agentrl.report.data import run_data
+    from agentrl.trainers.checkpoint import BestRecord, save_checkpoint, write_best
+
+    run_dir = synthetic_run(tmp_path / "run")
+    rows = dict(run_data(run_dir, play_references=False)["config"]["summary"])
+    assert rows["best checkpoint"] == "none recorded (the run folder stands for its newest)"
+    save_checkpoint(run_dir, 2, config={"val": {"presets": list(PRESETS)}})
+    write_best(run_dir, BestRecord(step=2, val_success=0.625))
+    rows = dict(run_data(run_dir, play_references=False)["config"]["summary"])
+    assert rows["best checkpoint"] == ("step 2, held-out success 62.5% (checkpoints/best.json; "
+                                       "eval and play take it)")
+    (run_dir / "checkpoints" / "best.json").write_text("{")
+    rows = dict(run_data(run_dir, play_references=False)["config"]["summary"])
+    assert rows["best checkpoint"].startswith("unreadable: ")
