@@ -125,3 +125,135 @@ def test_a_run_prints_its_last_and_its_best_checkpoint(tmp_path, capsys, monkeyp
     assert (f"best:       {root / best.folder_name} (the best: step {best_step}, held-out "
             f"success {100 * success[best_step]:.1f}%") in out
     assert model_folder(run_dir) == root / best.folder_name / "actor"
+
+
+# -- Ctrl-C ------------------------------------------------------------------------------------
+INTERRUPTED_RUN = ["model=tiny", "train.total_steps=4", "train.presets=[banditAgent]",
+                   "val.presets=[banditAgent]", "val.group_num=2", "train.group_num=1",
+                   "train.group_size=2", "rollout.max_new_tokens=8", "threads=1",
+                   "trainer.logger=[console]", "trainer.plot=false", "val.before_train=false",
+                   "val.test_freq=1", "trainer.save_freq=1"]
+
+
+def _interrupted(command: list[str], cwd, marker: str, after: str, timeout: float = 300):
+    """Run ``agentrl <command>``; send SIGINT once stderr shows ``marker`` after ``after``
+    (progress bars name the stage); its exit status and stderr."""
+    import fcntl
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    process = subprocess.Popen([sys.executable, "-m", "agentrl.cli", *command], cwd=cwd,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               env={**os.environ, "WANDB_MODE": "disabled"})
+    fd = process.stderr.fileno()
+    fcntl.fcntl(fd, fcntl.F_SETFL, fcntl.fcntl(fd, fcntl.F_GETFL) | os.O_NONBLOCK)
+    seen, deadline = b"", time.monotonic() + timeout
+    while True:
+        try:
+            seen += os.read(fd, 1 << 16)
+        except BlockingIOError:
+            pass
+        start = seen.find(after.encode())
+        if start >= 0 and seen.find(marker.encode(), start) >= 0:
+            process.send_signal(signal.SIGINT)
+            break
+        assert process.poll() is None, f"ended before {marker!r}: {seen.decode()[-2000:]}"
+        assert time.monotonic() < deadline, f"no {marker!r} within {timeout} s"
+        time.sleep(0.005)
+    _, rest = process.communicate(timeout=120)
+    return process.returncode, (seen + rest).decode(errors="replace")
+
+
+@pytest.mark.parametrize("stage, marker", [
+    ("the rollout", "step 2 rollout"),
+    pytest.param("the PPO update", "actor update", marks=pytest.mark.slow),
+    pytest.param("validation", "eval model", marks=pytest.mark.slow),
+    pytest.param("saving a checkpoint", "Writing model", marks=pytest.mark.slow),
+])
+def test_ctrl_c_stops_train_with_one_line_and_the_command_that_resumes(tmp_path, stage, marker):
+    from agentrl.trainers.checkpoint import checkpoint_problem
+
+    command = ["train", *INTERRUPTED_RUN, "run_dir=run"]
+    code, err = _interrupted(command, tmp_path, marker, after="step 2 rollout")
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    checkpoint = tmp_path / "run" / "checkpoints" / "step_000001"
+    assert last.startswith(f"stopped by Ctrl-C during {stage} (step 2); last checkpoint "
+                           f"{checkpoint} is intact; resume with: "), last
+    assert shlex.split(last.split("resume with: ", 1)[1]) == ["agentrl", *command]
+    assert checkpoint_problem(checkpoint) is None
+
+
+@pytest.mark.slow  # an interrupted run, then its resume: ~50 s
+def test_the_printed_command_resumes_a_run_stopped_while_saving(tmp_path):
+    import subprocess
+    import sys
+
+    from agentrl.trainers.tracking import read_metrics
+
+    command = ["train", *INTERRUPTED_RUN, "run_dir=run", "resume=never"]
+    code, err = _interrupted(command, tmp_path, "Writing model", after="step 2 rollout")
+    assert code == 130, err[-3000:]
+    resume = shlex.split(err.strip().splitlines()[-1].split("resume with: ", 1)[1])
+    assert resume[-1] == "resume=auto" and "resume=never" not in resume
+    done = subprocess.run([sys.executable, "-m", "agentrl.cli", *resume[1:]], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-3000:]
+    steps = [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")]
+    assert steps == [1, 2, 3, 4]
+
+
+def test_ctrl_c_stops_sft_with_one_line(tmp_path):
+    command = ["sft", "model=tiny", "run_dir=warm", "sft.presets=[banditAgent]",
+               "sft.episodes=2", "sft.epochs=1", "sft.mini_batch_size=2", "val.group_num=1",
+               "val.presets=[banditAgent]", "threads=1", "rollout.max_new_tokens=8"]
+    code, err = _interrupted(command, tmp_path, "oracle demonstrations", after="")
+    assert code == 130, err[-3000:]
+    assert "Traceback" not in err and "KeyboardInterrupt" not in err, err[-3000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("stopped by Ctrl-C during SFT's "), last
+    assert "no checkpoint saved yet; start again with: " in last
+    assert shlex.split(last.split("start again with: ", 1)[1]) == ["agentrl", *command]
+
+
+def test_the_next_command_of_agentrl_sft_trains_and_validates_what_it_warmed_up(
+        tmp_path, capsys, monkeypatch):
+    """The printed ``next:`` command carries the warmed-up presets (and the command's other
+    overrides, less ``sft.*``): composed, it trains and validates them."""
+    from types import SimpleNamespace
+
+    from agentrl.config import compose_config
+    from agentrl.trainers import sft as sft_trainer
+
+    class FakeSFT:
+        def __init__(self, config):
+            pass
+
+        def fit(self):
+            return SimpleNamespace(checkpoint=tmp_path / "sft" / "checkpoints" / "step_000001",
+                                   demonstrations=2, tokens=10, updates=1,
+                                   seconds={"train": 1.0}, losses=[1.0], before=None,
+                                   after=None)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(sft_trainer, "SFTTrainer", FakeSFT)
+    assert cli.main(["sft", "model=tiny", "sft.presets=[tightBlocksworldTurnsAgent]",
+                     "rollout.max_new_tokens=24", "sft.episodes=2"]) == 0
+    command = _printed_next_command(capsys.readouterr().out)
+    assert command[:3] == ["agentrl", "train", f"model={tmp_path}/sft/checkpoints/step_000001"]
+    config = compose_config(["model=tiny", *command[3:]])
+    assert list(config.train.presets) == ["tightBlocksworldTurnsAgent"]
+    assert list(config.val.presets) == ["tightBlocksworldTurnsAgent"]
+    assert config.rollout.max_new_tokens == 24 and "sft.episodes=2" not in command
+
+    assert cli.main(["sft", "model=tiny", "sft.presets=[tightBlocksworldTurnsAgent]",
+                     "val.presets=[tightBlocksworldAgent]"]) == 0  # a choice of its own stays
+    command = _printed_next_command(capsys.readouterr().out)
+    config = compose_config(["model=tiny", *command[3:]])
+    assert list(config.val.presets) == ["tightBlocksworldAgent"]

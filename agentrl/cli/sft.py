@@ -3,7 +3,7 @@
     agentrl sft model=embedded 'sft.presets=[quickSokobanAgent]' 'val.presets=[quickSokobanAgent]'
     agentrl sft model=tiny sft.episodes=8 sft.epochs=2 lora.rank=8 sft.lr=1e-3
     agentrl sft sft.random_action_share=0.2         # also show recoveries from random moves
-    agentrl train model=<the checkpoint it prints>  # PPO starts from the warm-started model
+    agentrl train model=<the checkpoint it prints> ...  # the `next:` line it prints
     agentrl sft --dry-run backend=verl hardware=a100 model=qwen_halfb   # verl's SFT, validated
 
 The oracle plays `sft.episodes` games of `sft.presets` (default train.presets) through the same
@@ -12,7 +12,9 @@ reply tokens only), held-out greedy success is measured before and after (val.pr
 val.group_num games), and a checkpoint is written under `sft.output_dir` (default
 <run_dir>/sft) that `agentrl train model=...` and `agentrl eval --model ...` load. Keys and
 defaults: the `sft` section of configs/base.yaml (LoRA: the `lora` section); algorithm and
-layout: agentrl/trainers/sft.py.
+layout: agentrl/trainers/sft.py. Its last line, `next: agentrl train model=<checkpoint> ...`,
+trains and validates the presets it warmed up, with this command's other overrides.
+Ctrl-C stops it with one line saying where, and exit status 130 (agentrl/cli/interrupt.py).
 
 `backend=verl` runs verl's own SFT trainer (`torchrun -m verl.trainer.sft_trainer`) on the
 multi-turn parquet that `agentrl make-data --sft` writes; `--dry-run` prints that command and
@@ -22,8 +24,13 @@ verl's composed SFT config, checked by verl's config classes, without a GPU.
 from __future__ import annotations
 
 import argparse
+import shlex
+from pathlib import Path
 
-from agentrl.cli.train import add_config_arguments, config_to_run
+from agentrl.cli.interrupt import (
+    EXIT_INTERRUPTED, Interrupts, close_quietly, resume_command, say, stage_of, stopped_line,
+)
+from agentrl.cli.train import add_config_arguments, config_to_run, newest_checkpoint
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -42,11 +49,21 @@ def run(args: argparse.Namespace) -> int:
         return launch_sft(config, dry_run=args.dry_run)
     from agentrl.trainers.sft import SFTTrainer
 
-    trainer = SFTTrainer(config)
-    try:
-        result = trainer.fit()
-    finally:
-        trainer.close()
+    trainer = None
+    with Interrupts() as interrupts:
+        try:
+            trainer = SFTTrainer(config)
+            result = trainer.fit()
+        except BaseException as error:
+            if not interrupts.caught(error):
+                raise
+            close_quietly(trainer)
+            stage = stage_of(error.__traceback__) or "start-up"
+            say(stopped_line(f"SFT's {stage}" if stage != "start-up" else stage,
+                             newest_checkpoint(_output_dir(config)),
+                             resume_command("sft", args.overrides), resumes=False))
+            return EXIT_INTERRUPTED
+    trainer.close()
     print(f"\nSFT: {result.demonstrations} demonstrations, {result.tokens} reply tokens, "
           f"{result.updates} updates in {result.seconds['train']:.0f} s; loss "
           f"{result.losses[0]:.3f} -> {result.losses[-1]:.3f}")
@@ -56,8 +73,31 @@ def run(args: argparse.Namespace) -> int:
                               for preset in evaluation.presets)
             print(f"  held-out greedy success {label}: {rates}")
     print(f"  checkpoint: {result.checkpoint}")
-    print(f"  next: agentrl train model={result.checkpoint}")
+    print(f"  next: {next_command(config, args.overrides, result.checkpoint)}")
     return 0
+
+
+def next_command(config, overrides: list[str], checkpoint) -> str:
+    """``agentrl train`` from ``checkpoint`` on what was warmed up: the presets the oracle
+    played (``sft.presets``, else ``train.presets``) trained and validated, unless the command
+    set ``train.presets`` / ``val.presets`` itself; this command's other overrides (hardware,
+    reply limits, agent settings, run_dir) carried over, ``sft.*`` and the model left out."""
+    warmed = list(config.sft.presets or config.train.presets)
+    kept = [o for o in overrides
+            if not _key(o).startswith("sft.") and _key(o) not in ("model", "model.name")]
+    given = {_key(o) for o in kept}
+    listed = f"[{','.join(warmed)}]"
+    added = [f"{key}={listed}" for key in ("train.presets", "val.presets") if key not in given]
+    return shlex.join(["agentrl", "train", f"model={checkpoint}", *kept, *added])
+
+
+def _key(override: str) -> str:
+    """The key of a hydra override (``+a.b=1`` -> ``a.b``)."""
+    return override.split("=", 1)[0].lstrip("+~")
+
+
+def _output_dir(config) -> Path:
+    return Path(config.sft.output_dir or Path(config.run_dir) / "sft")
 
 
 def _no_ppo_overrides(config) -> None:

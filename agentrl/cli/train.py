@@ -20,6 +20,10 @@ Before the model loads, a resume is checked (agentrl/trainers/checkpoint.py): a 
 checkpoint is skipped with a warning, a run whose checkpoints are all damaged is not started
 over, and a changed training config or a `train.total_steps` below the checkpoint's step is
 refused (`resume_config_changes=allow` goes on with a changed config).
+
+Ctrl-C stops the run wherever it is (rollout, update, validation, saving) with one line naming
+the stage and step, the newest intact checkpoint and the command that resumes, and exit status
+130 (agentrl/cli/interrupt.py).
 """
 
 from __future__ import annotations
@@ -36,7 +40,12 @@ from typing import Any
 import yaml
 
 import agentrl
+from agentrl.cli.interrupt import (
+    AFTER_STEP, EXIT_INTERRUPTED, Interrupts, close_quietly, resume_command, say, stage_of,
+    stopped_line,
+)
 from agentrl.config import compose_config
+from agentrl.evaluation.decoding import run_decoding
 
 VERL_CPU_VENV = ".venv-verl-cpu"
 REEXEC_ENV = "AGENTRL_REEXECUTED"
@@ -88,11 +97,21 @@ def run(args: argparse.Namespace) -> int:
     from agentrl.trainers.local import LocalTrainer
 
     resume_checkpoint(config.run_dir, config.resume, config.to_dict())  # before the model loads
-    trainer = LocalTrainer(config)
-    try:
-        result = trainer.fit()
-    finally:
-        trainer.close()
+    print(f"validation decoding: {run_decoding(config.to_dict()).describe()}", flush=True)
+    trainer = None
+    with Interrupts() as interrupts:
+        try:
+            trainer = LocalTrainer(config)
+            result = trainer.fit()
+        except BaseException as error:
+            if not interrupts.caught(error):
+                raise
+            close_quietly(trainer)
+            say(stopped_line(_where(stage_of(error.__traceback__), trainer),
+                             newest_checkpoint(config.run_dir),
+                             resume_command("train", args.overrides)))
+            return EXIT_INTERRUPTED
+    trainer.close()
     print(f"\nrun {result.run_id}: {result.step} steps in {result.run_dir}")
     last = _held_out(result.step, result.last_val_success)
     print(f"  checkpoint: {result.checkpoint} (the last{last})")
@@ -106,6 +125,25 @@ def run(args: argparse.Namespace) -> int:
     if result.plot is not None:
         print(f"  plot:       {result.plot}")
     return 0
+
+
+def _where(stage: str | None, trainer: Any) -> str:
+    """Ctrl-C's stage with the step it belongs to."""
+    if trainer is None or stage is None or stage == "loading the model":
+        return stage or "start-up"
+    step = trainer.step if stage in AFTER_STEP else trainer.step + 1
+    return f"{stage} (step {step})"
+
+
+def newest_checkpoint(run_dir: str | Path, folder: str = "checkpoints") -> Path | None:
+    """The newest intact checkpoint under ``run_dir/folder``, or None."""
+    from agentrl.trainers.checkpoint import newest_intact_checkpoint
+
+    root = Path(run_dir) / folder
+    try:
+        return newest_intact_checkpoint(root) if root.is_dir() else None
+    except ValueError:  # every checkpoint damaged
+        return None
 
 
 def _held_out(step: int, success: float | None) -> str:
