@@ -112,6 +112,42 @@ def test_model_from_a_training_run(tiny, tmp_path, capsys, one_torch_thread):
     assert "simpleSokobanAgent" in capsys.readouterr().out
 
 
+@pytest.fixture(scope="module")
+def run_with_a_best(tmp_path_factory, tiny):
+    """A run folder of the tiny model: the best checkpoint at step 1, the last at step 2."""
+    from agentrl.trainers.checkpoint import BestRecord, write_best
+
+    run = tmp_path_factory.mktemp("best") / "run"
+    best = save_checkpoint(run, 1, models={"actor": tiny})
+    write_best(run, BestRecord(step=1, val_success=0.5))
+    last = save_checkpoint(run, 2, models={"actor": tiny}, keep_last=1, keep_steps=(1,))
+    return run, best, last
+
+
+@pytest.mark.parametrize("choice, expected", [(None, "best"), ("best", "best"),
+                                              ("last", "last"), ("step_2", "last")])
+def test_a_run_folder_is_evaluated_at_its_best_unless_asked(run_with_a_best, tmp_path, choice,
+                                                           expected, one_torch_thread):
+    run, best, last = run_with_a_best
+    out = tmp_path / "e.json"
+    chosen = [] if choice is None else ["--checkpoint", choice]
+    assert main(["eval", "--model", str(run), *chosen, "--presets", "banditAgent", "--groups",
+                 "1", "--max-new-tokens", "4", "--device", "cpu", "--out", str(out),
+                 "--no-progress"]) == 0
+    folder = {"best": best, "last": last}[expected]
+    assert json.loads(out.read_text())["model"]["path"] == str(folder / "actor")
+
+
+def test_a_checkpoint_the_run_does_not_have_is_named(run_with_a_best, tmp_path, capsys):
+    run, best, last = run_with_a_best
+    out = str(tmp_path / "e.json")
+    for model, choice, message in ((run, "step_7", "step_000007: no such folder"),
+                                   (last, "last", "is not a run folder")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", "--model", str(model), "--checkpoint", choice, "--out", out])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+
+
 # -- a run evaluates as it validated -----------------------------------------------------------
 VAL_PRESETS = ("banditAgent", "tightBlocksworldTurnsAgent")  # one turn; six with a 1-turn window
 COMPARED = ("success", "return", "turns", "action_is_valid", "format_error", "response_length")

@@ -151,3 +151,22 @@ def test_a_runs_model_plays_with_the_runs_preset_and_decoding(tiny, tmp_path):
             "to 2048 tokens, history tightBlocksworldTurnsAgent last 1 (the run's config") in shown
     assert "-- turn 2 --" in shown and "-- turn 3 --" not in shown  # the run's max_turns
     assert "INVALID" not in shown and "format error" not in shown
+
+
+def test_play_takes_the_checkpoint_asked_for(tmp_path, capsys):
+    """A run folder plays its best by default (the resolution eval shares, tested there);
+    --checkpoint last|step_N chooses another, and one the run lacks is named."""
+    from agentrl.cli import main
+    from agentrl.models import load_model
+    from agentrl.trainers.checkpoint import BestRecord, save_checkpoint, write_best
+
+    run = tmp_path / "run"
+    model, tokenizer = load_model("tiny")
+    save_checkpoint(run, 1, models={"actor": (model, tokenizer)})
+    write_best(run, BestRecord(step=1, val_success=0.5))
+    last = save_checkpoint(run, 2, models={"actor": (model, tokenizer)})
+    assert main(["play", "bandit", "--model", str(run), "--checkpoint", "last",
+                 "--max-new-tokens", "4", "--device", "cpu"]) == 0
+    assert f"{last} plays as banditAgent" in capsys.readouterr().out
+    assert main(["play", "bandit", "--model", str(run), "--checkpoint", "step_5"]) == 2
+    assert "step_000005: no such folder" in capsys.readouterr().err

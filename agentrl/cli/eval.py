@@ -3,7 +3,8 @@
     agentrl eval --groups 8                                        # the embedded model
     agentrl eval --policy oracle --presets all --groups 4          # reference rows
     agentrl eval --policy random --groups 8 --out random.json
-    agentrl eval --model RUN_DIR                      # newest step, as the run validated
+    agentrl eval --model RUN_DIR                      # its best step, as the run validated
+    agentrl eval --model RUN_DIR --checkpoint last    # its newest step (or step_N)
     agentrl eval --model RUN_DIR --presets simpleSokobanAgent largeSokobanAgent
     agentrl eval --model RUN_DIR/checkpoints/step_000100 --out step100.json
     agentrl eval --model Qwen/Qwen2.5-0.5B-Instruct --device cuda --max-batch 64
@@ -26,7 +27,8 @@ Prints a table (success % with its 95% Wilson interval, mean return, mean turns,
 --out (default eval_results.json), with --log-episodes episodes per preset recorded turn by turn
 (`agentrl report eval_results.json` shows them). --model takes 'embedded', 'tiny', a Hugging Face folder or
 hub id, a training checkpoint folder (its actor/ model is loaded) or a training run folder (its
-newest complete checkpoint). Presets are the names in configs/agents.yaml, or 'all' (TextWorld
+best checkpoint by held-out validation, checkpoints/best.json, else its newest; --checkpoint
+last|step_N chooses another). Presets are the names in configs/agents.yaml, or 'all' (TextWorld
 presets generate their games on first use: slow once).
 
 --compare VARIANT [VARIANT ...] plays every variant (agent settings KEY=VALUE[,KEY=VALUE] laid
@@ -79,6 +81,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="embedded",
                         help="embedded (default), tiny, an HF folder or hub id, a checkpoint or a "
                              "run folder")
+    parser.add_argument("--checkpoint", default=None, metavar="best|last|step_N",
+                        help="which checkpoint of a run folder --model loads (default best: by "
+                             "held-out validation)")
     parser.add_argument("--split", choices=SPLITS, default="val",
                         help="held-out seed range (default val)")
     parser.add_argument("--out", default=DEFAULT_OUT,
@@ -135,7 +140,7 @@ def select_presets(names: list[str], available: Mapping[str, Any]) -> dict[str, 
 
 def model_path(name: str, flag: str = "--model") -> str:
     """The model folder ``name`` stands for: a model folder, a checkpoint's ``actor/``, a
-    training run's newest intact checkpoint's ``actor/``
+    training run's best (else newest) intact checkpoint's ``actor/``
     (:func:`agentrl.trainers.checkpoint.model_folder`), or else ``name`` itself (a built-in
     model or a hub id). A path that is no model fails, naming ``flag``."""
     path = Path(name).expanduser()
@@ -174,6 +179,9 @@ def run(args: argparse.Namespace, out=None) -> int:
     from agentrl.evaluation import evaluate
 
     out = out or sys.stdout
+    from agentrl.trainers.checkpoint import chosen_model
+
+    args.model = chosen_model(args.model, args.checkpoint)  # a run folder's --checkpoint
     settings = None
     if args.policy == "model":
         from agentrl.cli.run_settings import run_settings

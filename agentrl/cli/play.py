@@ -52,6 +52,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     model.add_argument("--model", default=None,
                        help="watch this model play: embedded, tiny, an HF folder or hub id, a "
                             "checkpoint or a run folder (as agentrl eval --model)")
+    model.add_argument("--checkpoint", default=None, metavar="best|last|step_N",
+                       help="which checkpoint of a run folder --model loads (default best: by "
+                            "held-out validation)")
     model.add_argument("--agent-preset", default=None,
                        help="agent preset (prompts, limits) the model plays with (default: a "
                             "run's validation preset of the game, else the game's first in "
@@ -70,6 +73,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     if args.model is not None:
         from agentrl.cli import watch
+        from agentrl.trainers.checkpoint import chosen_model
+
+        args.model = chosen_model(args.model, args.checkpoint)  # a run folder's --checkpoint
 
         return watch.run(args, stdin, out)
     kwargs = {} if args.preset is None else {"preset": args.preset}

@@ -6,7 +6,7 @@ config its checkpoint stores, so that `agentrl eval --model <run>` and `agentrl 
     settings.decoding.describe(), settings.val_presets, settings.groups
 
 The checkpoint is the one ``--model`` loads (:func:`agentrl.trainers.checkpoint.model_folder`:
-a checkpoint folder, its ``actor/``, or a run folder's newest intact checkpoint); its
+a checkpoint folder, its ``actor/``, or a run folder's best checkpoint, else its newest intact one); its
 ``config.yaml`` gives the agent presets as the run had them (history windows, prompts), the
 validation presets, games and group size, the decoding (:func:`agentrl.evaluation.decoding.
 run_decoding`) and the engine's batch and prefix-cache sizes.

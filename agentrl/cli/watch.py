@@ -1,7 +1,7 @@
 """`agentrl play GAME --model MODEL`: watch a model play a game in the terminal, turn by turn.
 
     agentrl play sokoban --model embedded --seed 3
-    agentrl play sokoban --model runs/agentrl/quick --delay 1      # a run's newest checkpoint
+    agentrl play sokoban --model runs/agentrl/quick --delay 1      # a run's best checkpoint
     agentrl play tetris --model runs/agentrl/quick/checkpoints/step_000020 --pause
 
 The model plays exactly as in training and evaluation: the agent preset's prompts and rules
