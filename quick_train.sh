@@ -38,8 +38,9 @@
 #   verl.nnodes=GPUS/GPUS_PER_NODE; group sizes and steps default to the preset's (8 x 16 on
 #   A100s), the model to qwen_halfb (Qwen2.5-0.5B-Instruct). Several nodes: docs/HARDWARE.md;
 # - GPUS=1 without vLLM: the local engine on that GPU.
-# It prints where the checkpoints, metrics and plot are. Running the same command again resumes
-# the run from its newest checkpoint. Argument handling: scripts/positional_args.sh.
+# It prints the last checkpoint and the best by held-out validation (step and held-out success
+# of each; eval and play take the best), the metrics and the plot. Running the same command
+# again resumes the run from its newest checkpoint. Argument handling: scripts/positional_args.sh.
 set -euo pipefail
 source "$(dirname "$0")/scripts/positional_args.sh"
 check_positional_args "$@"
