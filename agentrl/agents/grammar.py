@@ -176,6 +176,49 @@ class AnswerGrammar:
         """Inside the free thinking."""
         return _FREE in states
 
+    # -- endings (for the canonical tokenization) ---------------------------------------------------
+    def endings(self, states: frozenset) -> list[str]:
+        """Texts that finish a reply from ``states``, enough to decide the reply's next token in
+        the tokenizer's own encoding: every action that can be written from here, each followed
+        by the closing or by the separator and the shortest action (an action's last token may
+        depend on what follows it; nothing further on does). Nothing from the free thinking;
+        ``<think>``'s literal ends where the thinking starts."""
+        out: set[str] = set()
+        for position in states:
+            kind = position[0]
+            if kind == "end":
+                out.add("")
+            elif kind == "lit":
+                _, part, pos, count = position
+                rest = self._parts[part][pos:]
+                if part == "close":
+                    out.add(rest)
+                elif part == "head" and self.think:
+                    out.add(rest)
+                else:
+                    out.update(rest + action + tail for action in self.actions
+                               for tail in self._tails(count))
+            elif kind == "act":
+                _, node, count = position
+                out.update(action + tail for action in self._actions_from(node)
+                           for tail in self._tails(count))
+        return sorted(out)
+
+    def _tails(self, count: int) -> list[str]:
+        """What may follow the ``count``-th action (0-based): the closing, or one more action."""
+        tails = [self.closing]
+        if count + 1 < self.max_actions and self.separator:
+            tails.append(self.separator + self._shortest_from_node[0] + self.closing)
+        return tails
+
+    def _actions_from(self, node: int) -> list[str]:
+        """The rests of every action below trie ``node`` ('' when ``node`` ends one)."""
+        children, terminal = self._trie
+        rests = [""] if terminal[node] else []
+        for char, child in children[node].items():
+            rests += [char + rest for rest in self._actions_from(child)]
+        return rests
+
     # -- shortest completions (for the token budget) -----------------------------------------------
     @cached_property
     def _shortest_from_node(self) -> tuple[str, ...]:

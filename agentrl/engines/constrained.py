@@ -18,6 +18,11 @@ complete, and only then.
   tokenizer's where the model's logits are wider (Qwen2.5: 151,936 logits, 151,665 tokens):
   those have no text, so they are never sampled, and :meth:`RowConstraint.advance` reads them
   as no text rather than failing.
+- **Only real choices**: outside the thinking, the allowed tokens are the next tokens of the
+  tokenizer's own encodings of the replies that continue the region's tokens
+  (:meth:`AnswerGrammar.endings`): fixed text is forced as the warm start's demonstrations spell
+  it, and a reply samples only where replies differ. The character search stands in where no
+  encoding continues the reply.
 - **End of the reply**: ``stop_ids`` are the tokens that end it once it is complete; the engine
   passes only the chat template's end-of-turn token there (not every end-of-sequence id), so a
   constrained reply always closes the turn the next observation follows.
@@ -95,7 +100,7 @@ class TokenTexts:
     """Special tokens and tokens with no text or a broken character: never in an answer."""
     _encode: Any = None
     _masks: dict = field(default_factory=dict)
-    _lengths: dict = field(default_factory=dict)
+    _encodings: dict = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -130,10 +135,17 @@ class TokenTexts:
 
     def encoded_length(self, text: str) -> int:
         """Tokens the tokenizer writes ``text`` in: a path the constraint allows."""
-        length = self._lengths.get(text)
-        if length is None:
-            length = self._lengths[text] = len(self._encode(text)) if text else 0
-        return length
+        return len(self.encode(text))
+
+    def encode(self, text: str) -> tuple[int, ...]:
+        """The tokenizer's own encoding of ``text`` (cached): the canonical tokenization the
+        warm start's demonstrations use."""
+        ids = self._encodings.get(text)
+        if ids is None:
+            if len(self._encodings) >= MAX_CACHED_MASKS:
+                self._encodings.clear()
+            ids = self._encodings[text] = tuple(self._encode(text)) if text else ()
+        return ids
 
     def starting_with(self, prefix: str) -> list[tuple[str, int]]:
         """(text, token) of every usable token whose text starts with ``prefix``."""
@@ -199,6 +211,11 @@ class RowConstraint:
         self.stop_ids = tuple(sorted(set(int(t) for t in stop_ids)))
         self.width = max(len(texts.texts), width or 0)
         self.states = grammar.start()
+        self.region_states = None if grammar.is_free(self.states) else self.states
+        """Where the fixed-text region began (None in the free thinking): the reply's start, or
+        the state after the token that closed the thinking."""
+        self.region_ids: list[int] = []
+        """The tokens written since the region began: a prefix of a canonical encoding."""
 
     def mask(self, tokens_left: int) -> TokenMask:
         """The tokens allowed now, with ``tokens_left`` tokens (this one included) to go."""
@@ -208,7 +225,11 @@ class RowConstraint:
             if tokens_left - 1 >= self._free_reserve():
                 return texts.cached(key, self._free_mask)
             states = ("close-now",)  # the thinking must close now: only '<...' continues
-        options = texts.cached((*key, "options"), lambda: self._options(states))
+            options = texts.cached((*key, "options"), lambda: self._options(states))
+        else:
+            key = (grammar, self.region_states, tuple(self.region_ids), self.stop_ids,
+                   self.width)
+            options = texts.cached((*key, "canonical"), self._canonical_options)
         worst = max((need for _, _, need in options), default=0)
         if tokens_left - 1 >= worst:
             return texts.cached((*key, "mask"), lambda: _allow(t for t, _, _ in options))
@@ -218,7 +239,14 @@ class RowConstraint:
         """Move past ``token`` (a stop token ends the reply)."""
         if token in self.stop_ids:
             return
+        was_free = self.grammar.is_free(self.states)
         self.states = self.grammar.run(self.states, self.texts.text(token))
+        if self.grammar.is_free(self.states):
+            self.region_states = None
+        elif was_free:  # the thinking closed inside this token: the fixed text starts after it
+            self.region_states, self.region_ids = self.states, []
+        else:
+            self.region_ids.append(token)
 
     # -- building masks --------------------------------------------------------------------------
     def _free_reserve(self) -> int:
@@ -235,6 +263,35 @@ class RowConstraint:
         banned.update(t for t in texts.unusable if not texts.texts[t])
         banned.update(range(len(texts.texts), self.width))  # logits past the tokenizer
         return TokenMask(tuple(sorted(banned)), allow=False)
+
+    def _canonical_options(self) -> list[tuple[int, None, int]]:
+        """(token, None, tokens still needed after it) for the next token of the tokenizer's own
+        encoding of every reply that continues the region's tokens: fixed text gets one token
+        (forced: no choice, no decode pass, no loss), a free field one per distinct spelling the
+        tokenizer itself writes. The character search (:meth:`_options`) stands in where no
+        encoding continues the region (a tokenizer whose encoding does not read back as its
+        token texts)."""
+        grammar, texts, region = self.grammar, self.texts, self.region_ids
+        written = "".join(texts.text(token) for token in region)
+        needs: dict[int, int] = {}
+        for ending in grammar.endings(self.states):
+            ids = texts.encode(written + ending)
+            if list(ids[:len(region)]) != region:
+                continue
+            if len(ids) == len(region):  # the reply is complete: its end-of-turn token
+                if grammar.can_stop(self.states):
+                    needs.update((token, 0) for token in self.stop_ids)
+                continue
+            token = ids[len(region)]
+            if not grammar.run(self.states, texts.text(token)):
+                continue
+            need = len(ids) - len(region)  # this token's followers and the end-of-turn token
+            if grammar.is_free(grammar.run(self.states, ending)):  # '<think>': then the thinking
+                need += self._free_reserve() - 1
+            needs[token] = min(need, needs.get(token, need))
+        if not needs:
+            return self._options(self.states)
+        return [(token, None, need) for token, need in sorted(needs.items())]
 
     def _options(self, states) -> list[tuple[int, frozenset | None, int]]:
         """(token, state after it, tokens still needed after it) for every allowed token."""
