@@ -271,6 +271,10 @@ class ActorConfig(Section):
     """Weight of the KL loss."""
     kl_loss_type: Literal["kl", "abs", "mse", "low_var_kl", "k1", "k2", "k3"] = "low_var_kl"
     """KL estimator of the KL loss (verl's names)."""
+    target_kl: float | None = setting(None, positive, "null or a number > 0")
+    """Stop a step's passes at the first mini-batch whose approximate KL to the sampling policy
+    (mean ``(r - 1) - log r`` over its choices) exceeds this, before that mini-batch's
+    optimizer step (CleanRL's target_kl); ``actor/passes`` logs the passes that ran. null = off."""
     warm_optimizer: bool = False
     """Start AdamW from the warm start's moments (the run's own warm start, or the
     ``optimizer.pt`` of the ``agentrl sft`` checkpoint ``model.name`` names) instead of zeros:
@@ -309,6 +313,14 @@ class CriticConfig(Section):
     """Value head on the actor's backbone (saves a model's memory; the two losses interact)."""
     ppo_epochs: int | None = setting(None, at_least(1), "null or an integer >= 1")
     """Passes over the batch per step (null = actor.ppo_epochs)."""
+    ppo_mini_batch_size: int | None = setting(None, at_least(1), "null or an integer >= 1")
+    """Trajectories per critic optimizer update (null = actor.ppo_mini_batch_size); a head on
+    the actor's backbone reads the rollout's features, so its passes cost next to nothing."""
+    head_hidden: int = setting(0, at_least(0), "an integer >= 0 (0 = a linear head)")
+    """Width of the value head's tanh hidden layer; 0 = a linear head."""
+    standardize_features: bool = False
+    """The value head reads each feature standardised by its running mean and variance over
+    model tokens (agentrl.trainers.policy.FeatureStandardizer), not the raw hidden states."""
     pretrain_steps: int = setting(0, at_least(0), "an integer >= 0")
     """The first N PPO steps (after the warm start) update the critic only: the actor's first
     update then reads values fitted to its own returns, not a new value head's guesses (verl's

@@ -62,6 +62,10 @@ def _check_local_only_features(config: Any) -> None:
         "lora.dropout": (config.lora.dropout if config.lora.rank else 0.0, 0.0),
         "train.sft_steps": (config.train.sft_steps, 0),  # verl: `agentrl sft backend=verl`
         "actor.warm_optimizer": (config.actor.warm_optimizer, False),
+        "actor.target_kl": (config.actor.target_kl, None),
+        "critic.ppo_mini_batch_size": (config.critic.ppo_mini_batch_size, None),
+        "critic.head_hidden": (config.critic.head_hidden, 0),  # verl's critic: its own head
+        "critic.standardize_features": (config.critic.standardize_features, False),
         "sft.save_optimizer": (config.sft.save_optimizer, False),
         "trainer.early_stop_patience": (config.trainer.early_stop_patience or None, None),
         "trainer.early_stop_entropy": (config.trainer.early_stop_entropy, None),

@@ -125,7 +125,10 @@ class LocalTrainer:
         if self.pad_token_id is None:
             self.pad_token_id = self.tokenizer.eos_token_id
         self._setup_actor()
-        self.critic = (ValueModel.from_actor(self.actor, share_backbone=config.critic.share_backbone)
+        c = config.critic
+        self.critic = (ValueModel.from_actor(self.actor, share_backbone=c.share_backbone,
+                                             head_hidden=c.head_hidden,
+                                             standardize=c.standardize_features)
                        if config.algorithm.adv_estimator == "gae" else None)
         self.actor_optim, self.actor_sched = self._optimizer(
             [p for p in self.actor.parameters() if p.requires_grad], config.actor)

@@ -46,7 +46,7 @@ from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, resp
 from agentrl.trainers.reference import Reference
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.timing import StageTimer
-from agentrl.trainers.update_loop import UpdateShape, run_epochs
+from agentrl.trainers.update_loop import KL_TERM, UpdateShape, run_epochs
 
 __all__ = ["PPOUpdate", "explained_variance"]
 
@@ -81,6 +81,7 @@ class PPOUpdate:
         self.step = 0
         self._first_pass_logprobs: torch.Tensor | None = None  # see _first_pass_is_old
         self._first_pass_values: torch.Tensor | None = None  # see _critic_pass_gives_values
+        self._observed_rows: set[int] = set()  # see _critic_micro
         actor_settings = config.actor
         self.loss_settings = ppo.LossSettings(
             policy_loss=actor_settings.policy_loss, clip_ratio_low=actor_settings.clip_ratio_low,
@@ -158,7 +159,8 @@ class PPOUpdate:
                 actor_metrics, s = self._epochs(
                     batch, self._actor_micro, self.actor_optim,
                     [p for p in self.actor.parameters() if p.requires_grad],
-                    config.actor.grad_clip, config.actor.ppo_epochs, "actor")
+                    config.actor.grad_clip, config.actor.ppo_epochs, "actor",
+                    target_kl=config.actor.target_kl)
             metrics.update(actor_metrics)
             skipped += s
             if first_pass_is_old:
@@ -296,26 +298,33 @@ class PPOUpdate:
         epochs = config.critic.ppo_epochs or config.actor.ppo_epochs
         one_row_per_episode = (episode_index is None
                                or len(torch.unique(episode_index)) == len(episode_index))
+        mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size or n
         return (one_row_per_episode and self.critic is not None and not self.critic.shared
-                and epochs == 1 and (config.actor.ppo_mini_batch_size or n) >= n)
+                and epochs == 1 and mini >= n)
 
     def _critic_update(self, batch, timer: StageTimer, clip: float) -> tuple[dict[str, float], int]:
         config = self.config
+        self._observed_rows = set()  # rows whose features the head's statistics have seen
         with timer("critic"):
             return self._epochs(batch, functools.partial(self._critic_micro, cliprange_value=clip),
                                 self.critic_optim, self.critic.trainable_parameters(),
                                 config.critic.grad_clip,
-                                config.critic.ppo_epochs or config.actor.ppo_epochs, "critic")
+                                config.critic.ppo_epochs or config.actor.ppo_epochs, "critic",
+                                mini_batch_size=config.critic.ppo_mini_batch_size)
 
     def _epochs(self, batch, micro_loss, optim, params, grad_clip: float, epochs: int,
-                role: str) -> tuple[dict[str, float], int]:
+                role: str, *, mini_batch_size: int | None = None,
+                target_kl: float | None = None) -> tuple[dict[str, float], int]:
         """``epochs`` passes of shuffled mini-batches of ``role``'s loss
-        (:func:`agentrl.trainers.update_loop.run_epochs`), cut by the actor's batch sizes and
-        shuffled by the run's seed and step; returns mean metrics and skipped updates."""
+        (:func:`agentrl.trainers.update_loop.run_epochs`), cut by the actor's batch sizes (or
+        ``mini_batch_size``) and shuffled by the run's seed and step, stopped early past
+        ``target_kl``; returns mean metrics and skipped updates."""
         actor = self.config.actor
-        shape = UpdateShape(epochs=epochs, mini_batch_size=actor.ppo_mini_batch_size,
+        shape = UpdateShape(epochs=epochs,
+                            mini_batch_size=mini_batch_size or actor.ppo_mini_batch_size,
                             micro_batch_size=actor.micro_batch_size,
-                            shared_prefix_tokens=actor.shared_prefix_tokens, grad_clip=grad_clip)
+                            shared_prefix_tokens=actor.shared_prefix_tokens, grad_clip=grad_clip,
+                            target_kl=target_kl)
         generator = torch.Generator().manual_seed(self.config.seed * 1_000_003 + self.step)
         return run_epochs(batch, micro_loss, optim, params, shape,
                           loss_mask=self._loss_mask(batch, role), generator=generator, role=role)
@@ -351,8 +360,11 @@ class PPOUpdate:
                                          self.loss_settings, size)
         entropy_term = ppo.entropy_bonus(entropy, mask, config.loss_agg_mode, size)
         loss = pg_loss - config.entropy_coeff * entropy_term
+        with torch.no_grad():  # CleanRL's approx_kl, (r - 1) - log r: the early stop reads it
+            log_ratio = logprobs.detach() - old.to(device)
+            approx_kl = ppo.aggregate(torch.expm1(log_ratio) - log_ratio, mask, "token-mean", size)
         terms = {"actor/pg_loss": float(pg_loss.detach()),
-                 "actor/entropy": float(entropy_term.detach())}
+                 "actor/entropy": float(entropy_term.detach()), KL_TERM: float(approx_kl)}
         if config.use_kl_loss:
             kl = ppo.kl_loss(logprobs, micro["ref_logprobs"].to(device), mask,
                              config.kl_loss_type, config.loss_agg_mode, size)
@@ -367,11 +379,16 @@ class PPOUpdate:
         features = micro.get("critic_features")
         if features is None:
             with self._precision(), checkpointing(self.critic):
-                vpreds = self.critic(
+                features = self.critic.features(
                     micro, shared_prefix_tokens=self.config.actor.shared_prefix_tokens,
                     prefix=prefix)
-        else:
-            vpreds = self.critic.values_from(features.to(device))
+        features = features.to(device)
+        rows = [int(r) for r in micro["row"]]
+        if not self._observed_rows.issuperset(rows):  # the step's first pass over these rows
+            self.critic.observe(features, mask[:, :features.shape[1]])
+            self._observed_rows.update(rows)
+        with self._precision():
+            vpreds = self.critic.values_from(features)
         old, returns = micro.get("values"), micro.get("returns")
         if old is None:  # the first pass runs at the old weights: its values are the old ones
             old = vpreds.detach()

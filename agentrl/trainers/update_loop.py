@@ -26,7 +26,7 @@ from agentrl.trainers import ppo
 from agentrl.trainers.microbatch import micro_order, micro_rows
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 
-__all__ = ["MicroLoss", "UpdateShape", "run_epochs"]
+__all__ = ["KL_TERM", "MicroLoss", "UpdateShape", "run_epochs"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,14 @@ class UpdateShape:
     """A micro-batch's shared prompt runs once when at least this long (0: never shared);
     rows are then ordered by prompt, so that a micro-batch holds a group."""
     grad_clip: float
+    target_kl: float | None = None
+    """Stop the step's passes at the first mini-batch whose approximate KL to the old policy
+    (the ``KL_TERM`` its loss reports) exceeds this, before its optimizer step (None: never)."""
+
+
+KL_TERM = "actor/approx_kl"
+"""The term of an actor micro-batch loss that ``UpdateShape.target_kl`` reads: its part of the
+mini-batch's mean ``(r - 1) - log r`` (CleanRL's approx_kl, never negative)."""
 
 
 def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
@@ -56,16 +64,22 @@ def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
                loss_mask: torch.Tensor, generator: torch.Generator,
                role: str) -> tuple[dict[str, float], int]:
     """``shape.epochs`` passes of shuffled mini-batches; returns mean metrics (terms averaged
-    over the applied updates, statistics over the micro-batches, ``<role>/grad_norm``) and the
-    number of updates skipped for a non-finite loss or gradient."""
+    over the applied updates, statistics over the micro-batches, ``<role>/grad_norm``,
+    ``<role>/passes``: the optimizer steps taken or skipped over the steps a pass takes, below
+    ``epochs`` when ``shape.target_kl`` stopped them, and ``<role>/kl_stopped``: 1 then) and
+    the number of updates skipped for a non-finite loss or gradient."""
     n = batch["responses"].shape[0]
     mini = shape.mini_batch_size or n
+    per_pass = math.ceil(n / mini)
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
-    skipped = 0
-    with tqdm(total=shape.epochs * math.ceil(n / mini), desc=f"{role} update", unit="mb",
+    skipped = done = 0
+    stopped = False
+    with tqdm(total=shape.epochs * per_pass, desc=f"{role} update", unit="mb",
               leave=False) as bar:
         for _ in range(shape.epochs):
+            if stopped:
+                break
             order = torch.randperm(n, generator=generator)
             for start in range(0, n, mini):
                 rows = micro_order(batch, order[start:start + mini], shape.shared_prefix_tokens)
@@ -89,6 +103,12 @@ def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
                     for key, value in stats.items():
                         sums[key] += value
                         counts[key] += 1
+                if finite and shape.target_kl is not None and terms[KL_TERM] > shape.target_kl:
+                    optimizer.zero_grad(set_to_none=True)  # this mini-batch went too far
+                    sums[KL_TERM] += terms[KL_TERM]
+                    counts[KL_TERM] += 1
+                    stopped = True
+                    break
                 if finite:
                     norm = torch.nn.utils.clip_grad_norm_(params, shape.grad_clip)
                     finite = bool(torch.isfinite(norm))
@@ -103,5 +123,10 @@ def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
                     log.warning("non-finite %s loss or gradient: update skipped", role)
                     optimizer.zero_grad(set_to_none=True)
                     skipped += 1
+                done += 1
                 bar.update(1)
-    return {k: sums[k] / counts[k] for k in sums}, skipped
+    metrics = {k: sums[k] / counts[k] for k in sums}
+    metrics[f"{role}/passes"] = done / per_pass
+    if shape.target_kl is not None:
+        metrics[f"{role}/kl_stopped"] = float(stopped)
+    return metrics, skipped

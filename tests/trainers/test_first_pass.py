@@ -20,6 +20,7 @@ from update_fixtures import GradientRecorder, relative_difference, tiny_trainer,
 def one_step(tmp_path, *overrides: str) -> dict:
     """Per role (actor, critic): weights after one step, gradients applied, forward passes."""
     trainer = tiny_trainer(tmp_path, "actor.lr=1e-4", "critic.lr=1e-4", "actor.micro_batch_size=2",
+                           "critic.ppo_epochs=null", "critic.ppo_mini_batch_size=null",
                            *overrides)
     roles = {"actor": (trainer.actor, trainer.actor_optim)}
     if trainer.critic is not None:
@@ -70,6 +71,7 @@ def test_no_shortcut_where_the_old_logprobs_are_needed_first(tmp_path, one_torch
     log-probs before the advantages; a critic on the actor's backbone needs that pass for its
     values."""
     trainer = tiny_trainer(tmp_path / "separate", "critic.share_backbone=false",
+                           "critic.ppo_epochs=null",  # the actor's one pass
                            "actor.micro_batch_size=2")  # fits the mini-batch of 2 below
     assert trainer.updater._first_pass_is_old(4)
     config = trainer.config
@@ -80,9 +82,10 @@ def test_no_shortcut_where_the_old_logprobs_are_needed_first(tmp_path, one_torch
         assert not trainer.updater._first_pass_is_old(4), key
     trainer.updater.config = config
     assert trainer.updater._critic_pass_gives_values(4)
-    trainer.updater.config = dataclasses.replace(
-        config, critic=dataclasses.replace(config.critic, ppo_epochs=2))
-    assert not trainer.updater._critic_pass_gives_values(4)
+    for key, value in (("ppo_epochs", 2), ("ppo_mini_batch_size", 2)):
+        trainer.updater.config = dataclasses.replace(
+            config, critic=dataclasses.replace(config.critic, **{key: value}))
+        assert not trainer.updater._critic_pass_gives_values(4), key
     shared = tiny_trainer(tmp_path / "shared", "critic.share_backbone=true")
     assert not shared.updater._first_pass_is_old(4) and not shared.updater._critic_pass_gives_values(4)
     assert shared.updater._first_pass_is_old(4, rollout_features=True)  # values from the rollout
@@ -154,7 +157,8 @@ def test_a_critic_update_cut_short_leaves_no_made_up_values(tmp_path, monkeypatc
     """The critic's first pass gives GAE its values micro-batch by micro-batch. A non-finite
     loss stops that pass after its first micro-batch: the rows it never reached have no values,
     so the step must be skipped, not trained on advantages made from zeros."""
-    trainer = tiny_trainer(tmp_path, "critic.share_backbone=false", "actor.micro_batch_size=2")
+    trainer = tiny_trainer(tmp_path, "critic.share_backbone=false", "actor.micro_batch_size=2",
+                           "critic.ppo_epochs=null", "critic.ppo_mini_batch_size=null")
     assert trainer.updater._critic_pass_gives_values(4)
     monkeypatch.setattr(ppo, "value_loss", infinite_on_first_call(ppo.value_loss))
     before = [p.detach().clone() for p in trainer.actor.parameters()]

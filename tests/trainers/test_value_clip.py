@@ -18,7 +18,9 @@ def critic_values_after(tmp_path, scale: str) -> tuple[float, float]:
     trainer = tiny_trainer(tmp_path / scale, f"critic.value_clip_scale={scale}",
                            "critic.share_backbone=true", "critic.lr=0.02", "critic.ppo_epochs=4",
                            "actor.ppo_mini_batch_size=1", "actor.micro_batch_size=1",
-                           "actor.lr=1e-9")
+                           "actor.lr=1e-9", "critic.ppo_mini_batch_size=null",
+                           # the linear head on raw features: the clip, not the head, is tested
+                           "critic.head_hidden=0", "critic.standardize_features=false")
     batch = two_turn_batch(8, turn_rewards=(0.0, 10.0))  # every model token's return: 10
     for step in range(1, STEPS + 1):
         trainer.step = step
