@@ -37,6 +37,7 @@ from agentrl.config.fields import (
 )
 from agentrl.config.rules import check_cross_keys
 from agentrl.config.verl_rules import check_verl
+from agentrl.envs.splits import SEED_RANGES
 
 __all__ = [
     "ActorConfig", "AlgorithmConfig", "CriticConfig", "HardwareConfig", "LoraConfig",
@@ -110,6 +111,11 @@ class TrainGroupsConfig(Section):
     """Episodes per group: all play the same game (same preset and seed)."""
     total_steps: int = setting(10, at_least(1), "an integer >= 1")
     """Training steps (one rollout + one PPO update each; the warm start's steps count)."""
+    pool: tuple[int, ...] = setting((), lambda v: all(s in SEED_RANGES["train"] for s in v),
+                                    f"a list of training seeds (in {SEED_RANGES['train']})")
+    """A fixed pool of training games (their seeds), played over and over: step ``s`` plays
+    ``group_num`` of them in turn; empty = new games every step. A pool PPO must master is the
+    test that it can learn at all (scripts/bench/pool.py)."""
     sft_steps: int = setting(0, at_least(0), "an integer >= 0")
     """The first N steps are supervised updates on oracle play (the ``sft`` section: one
     mini-batch of demonstrations each), a warm start inside the run; 0 = PPO from step 1."""

@@ -15,6 +15,7 @@ boxes, more blocks, longer quests) that training never sees.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 SEED_RANGES: dict[str, range] = {
@@ -34,10 +35,13 @@ def split_seeds(split: str, count: int, offset: int = 0) -> list[int]:
     return list(seeds[offset : offset + count])
 
 
-def train_seeds(step: int, group_num: int, seed: int) -> list[int]:
+def train_seeds(step: int, group_num: int, seed: int, pool: Sequence[int] = ()) -> list[int]:
     """Training seeds of ``step`` (from 1): a fresh block of the train range per step, a function
     of the step and the run seed only, so a resumed step replays the same games and both
-    trainers (local, verl task files) play the same ones."""
+    trainers (local, verl task files) play the same ones. With a ``pool`` (``train.pool``), the
+    step's games are the pool's next ``group_num`` in turn instead."""
+    if pool:
+        return [pool[((step - 1) * group_num + g) % len(pool)] for g in range(group_num)]
     span = len(SEED_RANGES["train"]) - group_num
     offset = (seed * 100_003 + (step - 1) * group_num) % span
     return split_seeds("train", group_num, offset)

@@ -153,6 +153,8 @@ class LocalTrainer:
                                      self.pad_token_id) if config.train.sft_steps else None)
         self.step = 0
         self.keeper = BestKeeper(config, list(self.val_presets))
+        self._pointed_best: int | None = None
+        """The step ``checkpoints/best.json`` names."""
         self.episode_samples: list[dict[str, Any]] = []
         """Episode records of the step being run (``trainer.log_episodes`` per split)."""
         r = config.rollout
@@ -313,9 +315,6 @@ class LocalTrainer:
             prune_checkpoints(run_dir, self.config.trainer.keep_last, keep_steps=(best.step,))
         return path
 
-    _pointed_best: int | None = None
-    """The step ``best.json`` names."""
-
     def _point_at_best(self, run_dir: Path) -> None:
         """After a resume, ``best.json`` names the restored best (it may be missing after a
         crash, or name a checkpoint of an abandoned later step)."""
@@ -379,7 +378,8 @@ class LocalTrainer:
             return metrics
         with timer("rollout"):
             trajectories = self.rollout(self.train_presets, train_seeds(
-                step, config.train.group_num, config.seed), config.train.group_size,
+                step, config.train.group_num, config.seed, config.train.pool),
+                config.train.group_size,
                 self.sampling, desc=f"step {step} rollout", branches=config.rollout.turn_branches)
         metrics.update(rollout_metrics(trajectories, split="train"))
         self._sample_episodes(trajectories, "train", step)

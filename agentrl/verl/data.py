@@ -86,7 +86,8 @@ def train_tasks(config: TrainConfig) -> list[dict[str, Any]]:
     train = config.train
     presets = _capped(config, train.presets, config.rollout.max_new_tokens)
     games = [game for step in range(1, train.total_steps + 1)
-             for game in _cycle(presets, train_seeds(step, train.group_num, config.seed))]
+             for game in _cycle(presets, train_seeds(step, train.group_num, config.seed,
+                                                     train.pool))]
     return _rows(games, "train", **_episode_settings(config))
 
 

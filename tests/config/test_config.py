@@ -337,3 +337,10 @@ def _literal_args(cls, name):
     while get_origin(hint) is not Literal:
         hint = next(a for a in get_args(hint) if a is not type(None))
     return get_args(hint)
+
+
+def test_a_training_pool_holds_training_seeds_only():
+    """``train.pool`` takes training seeds; a held-out seed is refused naming the key."""
+    assert compose_config(["train.pool=[3,5]"]).train.pool == (3, 5)
+    with pytest.raises(ValueError, match=r"train\.pool"):
+        compose_config(["train.pool=[1000001]"])

@@ -36,3 +36,13 @@ def test_split_seeds_rejects_unknown_splits_and_overflow():
         split_seeds("holdout", 1)
     with pytest.raises(ValueError, match="seeds"):
         split_seeds("val", 2, offset=len(SEED_RANGES["val"]) - 1)
+
+
+def test_a_pool_is_played_in_turn_and_only_the_pool():
+    """``train.pool``: step s plays the pool's next group_num games, wrapping around; the run
+    seed does not move them."""
+    pool = [11, 22, 33]
+    games = [train_seeds(step, 2, seed=7, pool=pool) for step in (1, 2, 3)]
+    assert games == [[11, 22], [33, 11], [22, 33]]
+    assert train_seeds(1, 2, seed=0, pool=pool) == games[0]
+    assert train_seeds(1, 2, seed=7) != games[0]  # without a pool: fresh games
