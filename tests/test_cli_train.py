@@ -257,3 +257,34 @@ def test_the_next_command_of_agentrl_sft_trains_and_validates_what_it_warmed_up(
     command = _printed_next_command(capsys.readouterr().out)
     config = compose_config(["model=tiny", *command[3:]])
     assert list(config.val.presets) == ["tightBlocksworldAgent"]
+
+
+def test_the_readme_says_what_plain_train_and_quick_train_each_train():
+    """Plain ``agentrl train`` runs base.yaml (named in the README as it is), and the README's
+    ``agentrl train`` equivalent of ``quick_train.sh`` composes to the script's CPU defaults."""
+    import re
+    from pathlib import Path
+
+    from agentrl.config import compose_config
+
+    root = Path(__file__).resolve().parents[1]
+    readme = (root / "README.md").read_text()
+    plain = compose_config([])
+    assert (f"Plain\n`agentrl train` runs [configs/base.yaml](configs/base.yaml) as it is: PPO on\n"
+            f"`{plain.train.presets[0]}` from the untrained model, no warm start "
+            f"(`train.sft_steps={plain.train.sft_steps}`)") in readme
+    line = next(line for line in readme.splitlines()
+                if line.startswith("agentrl train hardware=cpu model=embedded"))
+    config = compose_config(shlex.split(line)[2:])
+    script = (root / "quick_train.sh").read_text()
+    start = script.index("if [[ $1 == local ]]")
+    local = script[start:script.index("\n  else", start)]
+    defaults = dict(re.findall(r"DEFAULT_(\w+)=(\S+)", local))
+    assert list(config.train.presets) == [defaults["TRAIN_PRESETS"].strip('"[]')]
+    assert list(config.val.presets) == [defaults["VAL_PRESETS"].strip('"[]')]
+    assert config.train.sft_steps == int(defaults["SFT_STEPS"])
+    assert config.train.total_steps == int(defaults["TOTAL_STEPS"]) + int(defaults["SFT_STEPS"])
+    assert (config.train.group_num, config.train.group_size, config.val.group_num) == (
+        int(defaults["GROUP_NUM"]), int(defaults["GROUP_SIZE"]), int(defaults["VAL_GROUP_NUM"]))
+    overrides = re.search(r"DEFAULT_OVERRIDES=\((.*)\)", local).group(1).split()
+    assert set(overrides) <= set(shlex.split(line))
