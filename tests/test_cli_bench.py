@@ -34,3 +34,25 @@ def test_an_unknown_benchmark_names_the_allowed_ones(capsys):
     assert "unknown benchmark 'nope'; allowed: " in error
     allowed = error.split("allowed: ", 1)[1].strip().split(", ")
     assert allowed == sorted(allowed) and {"busy", "envs", "generate", "learn"} <= set(allowed)
+
+
+def test_quick_train_from_run_states_the_runs_decoding(load_script, tmp_path, capsys):
+    """``bench quick_train --from-run``: the summary says how the run's validation decoded,
+    from the resolved config its checkpoint stores."""
+    import json
+
+    import yaml
+
+    bench = load_script("scripts/bench/quick_train.py")
+    run = tmp_path / "run"
+    (run / "checkpoints" / "step_000001").mkdir(parents=True)
+    (run / "checkpoints" / "step_000001" / "config.yaml").write_text(yaml.safe_dump(
+        {"backend": "local", "rollout": {"constrained_actions": None, "max_new_tokens": 96},
+         "val": {"presets": ["banditAgent"], "max_new_tokens": None}}))
+    (run / "metrics.jsonl").write_text(json.dumps(
+        {"step": 1, "time": 1.0, "val/banditAgent/success": 0.5,
+         "val/banditAgent/episodes": 4.0}) + "\n")
+    result = bench.main(["--from-run", str(run), "--out", str(tmp_path / "q.json")])
+    stated = "validation decoding: greedy, constrained to valid actions, replies up to 96 tokens"
+    assert result["runs"][0]["what"] == f"the run in {run}; {stated}"
+    assert stated in capsys.readouterr().out

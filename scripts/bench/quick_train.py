@@ -41,7 +41,9 @@ from rich.console import Console
 from rich.table import Table
 
 from agentrl.cli.bench import write_result
+from agentrl.evaluation.decoding import run_decoding
 from agentrl.evaluation.stats import wilson_interval
+from agentrl.report.data import run_config
 from agentrl.trainers.checkpoint import latest_checkpoint
 from agentrl.trainers.tracking import METRICS_FILE, RUN_FILE, read_metrics
 
@@ -77,8 +79,13 @@ def main(argv: list[str] | None = None) -> dict:
     name = args.name or ("defaults" if not args.from_run and not args.args else run.name)
     summary = summarize(run, what=what, name=name, machine=args.machine or this_machine())
     warm_end = summary.pop("warm_start_end")  # the plot's and the table's, not the JSON's
+    stated = decoding(run)
+    if stated:  # the evidence's shape stays: said in its 'what'
+        summary["what"] += f"; validation decoding: {stated}"
     result = {"date": summary.pop("date"), "held_out": summary.pop("held_out"), "runs": [summary]}
     show(summary, warm_end)
+    if stated:
+        print(f"validation decoding: {stated}")
     path = write_result(args.out, result)
     print(f"plot: {plot(summary, warm_end, path.with_suffix('.png'))}")
     return result
@@ -138,6 +145,12 @@ def summarize(run: Path, *, what: str, name: str, machine: str) -> dict[str, Any
             "ppo_step_minutes": minutes(r for r in timed if r["step"] > warm_end),
             "wall_minutes": wall_minutes(run, last), "machine": machine,
             "warm_start_end": warm_end}
+
+
+def decoding(run: Path) -> str | None:
+    """How the run's validation decoded its replies, from its resolved config (None: none)."""
+    config = run_config(run)
+    return run_decoding(config).describe() if config else None
 
 
 def pooled(record: dict[str, Any], split: str) -> tuple[float | None, int]:
