@@ -168,5 +168,7 @@ def test_play_takes_the_checkpoint_asked_for(tmp_path, capsys):
     assert main(["play", "bandit", "--model", str(run), "--checkpoint", "last",
                  "--max-new-tokens", "4", "--device", "cpu"]) == 0
     assert f"{last} plays as banditAgent" in capsys.readouterr().out
-    assert main(["play", "bandit", "--model", str(run), "--checkpoint", "step_5"]) == 2
+    with pytest.raises(SystemExit) as exit_info:
+        main(["play", "bandit", "--model", str(run), "--checkpoint", "step_5"])
+    assert exit_info.value.code == 2
     assert "step_000005: no such folder" in capsys.readouterr().err
