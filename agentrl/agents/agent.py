@@ -27,6 +27,15 @@ An episode, turn by turn:
 ``history_window`` is applied by the rollout, on the episode's token spans
 (:func:`agentrl.rollout.run_episode`), not here.
 
+**Context** (``AgentConfig.context``). ``history`` is the growing chat above. ``state``: every
+turn is a fresh chat: ``TurnResult.messages`` is the whole opening rebuilt for the new state
+(the system prompt, then one user message with the instructions, the rules and the state,
+its heading naming the turns left), and it *replaces* the chat (``TurnResult.fresh`` says so):
+no earlier reply and no feedback reach the model. ``Agent.next_chat`` applies either rule.
+**Rules text** (``AgentConfig.rules``): ``full`` opens with the game's rules, the answer
+format with an example and the limits; ``brief`` with the game's ``brief_rules`` and a
+one-line answer example (the turns left are in every state's heading).
+
 Games differ only by data: ``GAME_SPECS`` (format examples, how the state is labelled). The
 game's own text (``rules``, observations) comes from the env.
 """
@@ -81,7 +90,9 @@ class TurnResult:
     """What one reply did. Counts are for this turn only."""
 
     messages: list[dict]
-    """New messages for the next turn (one user message); empty when the episode is over."""
+    """New messages for the next turn, empty when the episode is over: one user message to
+    append (``context: history``), or the next turn's whole chat (``context: state``, with
+    ``fresh``)."""
     reward: float
     """Sum of the env rewards of the actions run, or for a bad format ``Agent.format_penalty``
     (with ``format_credit``, raised by the reply's ``format_progress``)."""
@@ -105,6 +116,9 @@ class TurnResult:
     solved or lost, vs. a limit), ``truncated``, ``format_error``, ``actions`` (run),
     ``action_valid`` (one flag per run action), ``invalid_actions``, ``dropped_over_turn_limit``,
     ``episode_return``."""
+    fresh: bool = False
+    """``messages`` is the next turn's whole chat, which replaces the chat so far
+    (``context: state``), not a message to append to it."""
 
 
 class Agent:
@@ -122,6 +136,10 @@ class Agent:
         self.spec = GAME_SPECS[config.game]
         self.env = gymnasium.make(env_id(config.game), **config.env_kwargs)
         self.format_penalty = config.format_penalty_for(self.env.unwrapped.worst_action_reward)
+        if config.rules == "brief" and not getattr(self.env.unwrapped, "brief_rules", ""):
+            self.env.close()
+            raise ValueError(f"rules='brief' is not allowed for {config.game}: the game has no "
+                             "brief_rules; allowed: 'full'")
         self.turn = 0
         self.actions_used = 0
         self.done = True  # until reset
@@ -144,6 +162,20 @@ class Agent:
         self._observation, _ = self.env.reset(seed=seed)
         self.turn, self.actions_used = 0, 0
         self.done, self.success, self.episode_return = False, False, 0.0
+        return self._opening()
+
+    @staticmethod
+    def next_chat(messages: list[dict], reply: str, result: TurnResult) -> list[dict]:
+        """The chat of the next turn after ``messages`` got ``reply`` and it gave ``result``:
+        the chat with the reply and the new user message (``context: history``), or the
+        fresh chat alone (``context: state``). Empty ``result.messages``: the episode ended
+        (returns the chat with the reply)."""
+        if result.fresh:
+            return list(result.messages)
+        return [*messages, {"role": "assistant", "content": reply}, *result.messages]
+
+    def _opening(self) -> list[dict]:
+        """The system prompt (if any) and one user message: instructions, rules, the state."""
         messages = []
         if self.config.system_prompt:
             messages.append({"role": "system", "content": self.config.system_prompt})
@@ -186,9 +218,13 @@ class Agent:
         self.done = (terminated or truncated or self.turn >= config.max_turns
                      or self.actions_left == 0)
         dropped = parsed.dropped_actions + len(parsed.actions) - len(run)
-        messages = [] if self.done else [
-            {"role": "user", "content": self._feedback(parsed, run, invalid, reward)}
-        ]
+        fresh = config.context == "state"
+        if self.done:
+            messages = []
+        elif fresh:
+            messages = self._opening()
+        else:
+            messages = [{"role": "user", "content": self._feedback(parsed, run, invalid, reward)}]
         info = {
             "turn": self.turn,
             "actions_left": self.actions_left,
@@ -205,15 +241,30 @@ class Agent:
         return TurnResult(messages=messages, reward=reward, done=self.done, success=self.success,
                           format_ok=parsed.format_ok, num_actions=len(run),
                           num_valid_actions=valid, num_effective_actions=effective,
-                          dropped_actions=dropped, info=info)
+                          dropped_actions=dropped, info=info, fresh=fresh and not self.done)
 
     # -- prompt text -------------------------------------------------------------------------------
     def instructions(self) -> str:
-        """The fixed part of the first user message: instructions, rules, format, limits."""
+        """The fixed part of the first user message: instructions, rules, format, limits
+        (``rules: full``), or instructions, the game's brief rules and an answer example
+        (``rules: brief``)."""
         config = self.config
+        if config.rules == "brief":
+            parts = [config.instructions.strip(), self.env.unwrapped.brief_rules.strip(),
+                     self._brief_format_text()]
+            return "\n".join(part for part in parts if part)
         parts = [config.instructions.strip(), self.env.unwrapped.rules.strip(),
                  self._format_text(), self._limits_text()]
         return "\n\n".join(part for part in parts if part)
+
+    def _brief_format_text(self) -> str:
+        """One line: an example reply of the preset's answer format."""
+        config = self.config
+        examples = self.spec.example_actions[: config.max_actions_per_turn]
+        example = format_response(examples, separator=config.action_separator,
+                                  think="..." if config.enable_think else None,
+                                  answer_format=config.answer_format)
+        return f"Answer: {example}"
 
     def _format_text(self) -> str:
         config = self.config
@@ -246,8 +297,14 @@ class Agent:
                 f"{config.max_response_tokens} tokens.")
 
     def _state_text(self) -> str:
-        heading = (f"Turn {self.turn + 1} of {self.config.max_turns}; "
-                   f"{self.actions_left} actions left.")
+        config = self.config
+        if config.rules == "brief":
+            heading = f"Turns left: {config.max_turns - self.turn}."
+            if config.max_actions_all_turns < config.max_turns * config.max_actions_per_turn:
+                heading += f" Actions left: {self.actions_left}."
+        else:
+            heading = (f"Turn {self.turn + 1} of {config.max_turns}; "
+                       f"{self.actions_left} actions left.")
         label = f"{self.spec.state_label}\n" if self.spec.state_label else ""
         return f"{heading}\n{label}{self._observation}"
 

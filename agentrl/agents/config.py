@@ -24,6 +24,11 @@ from typing import Any
 from agentrl.agents.parsing import ANSWER_FORMATS
 from agentrl.envs import GAMES
 
+CONTEXTS = ("history", "state")
+"""``AgentConfig.context``: what a turn's prompt holds besides the opening text."""
+RULES_TEXTS = ("full", "brief")
+"""``AgentConfig.rules``: how much fixed text opens the first user message."""
+
 DEFAULT_PATH = Path(__file__).resolve().parents[2] / "configs" / "agents.yaml"
 """``<repo>/configs/agents.yaml``: found from the package, not from the working directory."""
 
@@ -56,7 +61,7 @@ class AgentConfig:
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     """The system message of every episode."""
     instructions: str = ""
-    """Extra text opening the first user message; the game's ``rules`` always follow it."""
+    """Extra text opening the first user message; the rules text (``rules``) follows it."""
     enable_think: bool = True
     """Require ``<think>…</think>`` before ``<answer>…</answer>`` (else answer only)."""
     answer_format: str = "tagged"
@@ -82,7 +87,21 @@ class AgentConfig:
     never reaching it. So a group whose replies all break the format still differs where one
     wrote more of the tags, and writing the format still pays best."""
     history_window: int = 0
-    """Past turns kept in the prompt: 0 = all, K = the last K (instructions always kept)."""
+    """Past turns kept in the prompt: 0 = all, K = the last K (instructions always kept).
+    ``context: history`` only."""
+    context: str = "history"
+    """What each turn's prompt holds. ``history``: one growing chat (the opening, then each
+    reply and the feedback and new state after it; ``history_window`` drops the oldest turns).
+    ``state``: every turn is a fresh chat, the opening rebuilt for the current state (system
+    prompt, the instructions and rules, the state with its goal and the turns left): no earlier
+    reply, no feedback. A reply is then trained on its own turn's chat, one row a turn, as
+    with ``history_window: 1`` but without the first prompt and the previous reply in it."""
+    rules: str = "full"
+    """The fixed text after ``instructions``. ``full``: the game's rules, the answer format
+    with an example, and the limits (turns, actions, the format penalty, the reply's token
+    cap). ``brief``: the game's ``brief_rules`` (what a move is) and a one-line answer
+    example; each state's heading names the turns left (and the actions left where the
+    action budget is tighter than the turns). Only games with ``brief_rules``: BlocksWorld."""
     max_response_tokens: int = 400
     """Token limit of one reply (the rollout's sampling ``max_tokens``)."""
     held_out_of: str | None = None
@@ -101,6 +120,17 @@ class AgentConfig:
         if self.answer_format == "plain" and self.enable_think:
             raise ValueError("enable_think=True is not allowed with answer_format='plain'; "
                              "allowed: enable_think=false (a plain reply has no think block)")
+        if self.context == "state" and self.history_window:
+            raise ValueError(f"history_window={self.history_window} is not allowed with "
+                             "context='state' (every turn is a fresh chat, no past turn is "
+                             "kept); allowed: 0")
+
+    @property
+    def windowed(self) -> bool:
+        """A reply is sampled from less than the whole episode so far (``history_window > 0``
+        or ``context: state``): training takes one row per context window, and verl needs its
+        V1 trainer for that (:mod:`agentrl.verl.windows`)."""
+        return self.history_window > 0 or self.context == "state"
 
     def format_penalty_for(self, worst_action_reward: float) -> float:
         """The reward of a malformed reply in a game whose action texts pay at least
@@ -168,6 +198,8 @@ RULES: dict[str, tuple[Any, str]] = {
                        f"'{AUTO}' or a finite number <= 0"),
     "format_credit": (lambda v: isinstance(v, bool), "true or false"),
     "history_window": (lambda v: _is_int(v, 0), "an integer >= 0 (0 = all turns)"),
+    "context": (lambda v: isinstance(v, str) and v in CONTEXTS, f"one of {list(CONTEXTS)}"),
+    "rules": (lambda v: isinstance(v, str) and v in RULES_TEXTS, f"one of {list(RULES_TEXTS)}"),
     "max_response_tokens": (lambda v: _is_int(v, 1), "an integer >= 1"),
     "held_out_of": (lambda v: v is None or (isinstance(v, str) and bool(v)),
                     "null or the name of a training preset of the same game"),
@@ -258,7 +290,8 @@ def _check_held_out(presets: dict[str, AgentConfig], source: str) -> None:
 
 
 def check_env_kwargs(config: AgentConfig, where: str = "agent config") -> None:
-    """Build (and close) the config's game once; a rejected ``env_kwargs`` -> ValueError."""
+    """Build (and close) the config's game once; a rejected ``env_kwargs``, or ``rules: brief``
+    for a game without ``brief_rules``, -> ValueError."""
     import inspect
 
     import gymnasium
@@ -267,9 +300,14 @@ def check_env_kwargs(config: AgentConfig, where: str = "agent config") -> None:
     from agentrl.envs import env_id
 
     try:
-        gymnasium.make(env_id(config.game), **config.env_kwargs).close()
+        env = gymnasium.make(env_id(config.game), **config.env_kwargs)
+        brief = getattr(env.unwrapped, "brief_rules", "")
+        env.close()
     except (TypeError, ValueError) as error:
         creator = load_env_creator(gymnasium.spec(env_id(config.game)).entry_point)
         options = [name for name in inspect.signature(creator).parameters if name != "self"]
         raise ValueError(f"{where}: env_kwargs={config.env_kwargs!r} is not allowed by "
                          f"{config.game} ({error}); allowed keys: {options}") from None
+    if config.rules == "brief" and not brief:
+        raise ValueError(f"{where}: rules='brief' is not allowed for {config.game}: the game "
+                         "has no brief_rules; allowed: 'full'")

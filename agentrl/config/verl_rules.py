@@ -86,10 +86,12 @@ def _check_history_windows(config: Any) -> None:
     and returns that per-row GAE reproduces: λ 1, and γ 1 per token (a turn discount is
     carried by the reshaped turn rewards)."""
     windowed = sorted(name for name in dict.fromkeys(config.train.presets + config.val.presets)
-                      if config.agents[name].history_window > 0)
+                      if config.agents[name].windowed)
     if not windowed:
         return
-    first = f"agents.{windowed[0]}.history_window={config.agents[windowed[0]].history_window}"
+    agent = config.agents[windowed[0]]
+    first = (f"agents.{windowed[0]}.history_window={agent.history_window}"
+             if agent.history_window else f"agents.{windowed[0]}.context={agent.context!r}")
     if config.verl.trainer != "v1":
         raise ValueError(f"{first} is not allowed with verl.trainer={config.verl.trainer!r}: a "
                          "reply must be trained on the context it was sampled from, which takes "

@@ -23,7 +23,7 @@ PRESETS: dict[str, dict] = {
 DEFAULT_PRESET = "text"
 BLOCKS_RANGE = (2, 5)
 """Blocks per game: 1 block has a single arrangement; 5 keeps every state list tiny (501)."""
-RENDER_STYLES = ("text", "1d", "2d")
+RENDER_STYLES = ("text", "1d", "2d", "compact")
 
 TABLE = 0
 UNPARSEABLE_PENALTY = -5.0
@@ -139,7 +139,15 @@ def render_2d(state: State) -> str:
     return "\n".join(rows)
 
 
-RENDERERS = {"text": render_text, "1d": render_1d, "2d": render_2d}
+def render_compact(state: State) -> str:
+    """Each block that sits on another, as 'X on Y' in block order; the rest are on the table:
+    ``3 on 1, 4 on 3``, or ``all on the table``."""
+    pairs = [f"{block} on {below}" for block, below in enumerate(state, start=1)
+             if below != TABLE]
+    return ", ".join(pairs) if pairs else "all on the table"
+
+
+RENDERERS = {"text": render_text, "1d": render_1d, "2d": render_2d, "compact": render_compact}
 
 
 class BlocksWorldEnv(TextGameEnv):
@@ -167,7 +175,9 @@ class BlocksWorldEnv(TextGameEnv):
     ``text``: one sentence per block, ``Block 2 is on block 1. Block 1 is on the table.``
     (in block order). ``1d``: what each block sits on, block 1 first: ``[0, 1, 0]``.
     ``2d``: one column per stack (ordered by bottom block), top row first, ``.`` empty; the
-    bottom row stands on the table, e.g. ``2 .`` over ``1 3``.
+    bottom row stands on the table, e.g. ``2 .`` over ``1 3``. ``compact`` (short prompts):
+    ``X on Y`` for each block on another, the rest on the table (``2 on 1``; ``all on the
+    table``), on the heading's line: ``Current state: 2 on 1``.
 
     ## Starting state
     The number of blocks is drawn uniformly from ``min_blocks..max_blocks``; the start is drawn
@@ -186,7 +196,7 @@ class BlocksWorldEnv(TextGameEnv):
     - ``preset``: ``"text"`` (default), ``"1d"``, ``"2d"`` (2-4 blocks); ``"text-5"``,
       ``"1d-5"``, ``"2d-5"`` (5 blocks, held-out harder).
     - ``min_blocks``, ``max_blocks``: blocks per game, 2-5.
-    - ``render_style``: ``"text"``, ``"1d"`` or ``"2d"``.
+    - ``render_style``: ``"text"``, ``"1d"``, ``"2d"`` or ``"compact"``.
     - ``max_steps``: actions before truncation (default 100); ``render_mode``: ``"ansi"``.
 
     ## Version history
@@ -204,6 +214,14 @@ class BlocksWorldEnv(TextGameEnv):
         "Rewards: -1 per move, +10 on reaching the goal, -1 for an illegal move, -5 for text "
         "that is not a move."
     )
+
+    @property
+    def brief_rules(self) -> str:
+        """The rules of agent presets with ``rules: brief``: the goal, what a move is, and how
+        ``compact`` states read."""
+        unlisted = " (unlisted blocks: on the table)" if self.render_style == "compact" else ""
+        return (f"Reach the goal state{unlisted}. 'move X to Y' puts clear block X (nothing on "
+                "it) on clear block Y (0: the table).")
 
     def __init__(self, preset: str = DEFAULT_PRESET, min_blocks: int | None = None,
                  max_blocks: int | None = None, render_style: str | None = None,
@@ -277,4 +295,5 @@ class BlocksWorldEnv(TextGameEnv):
 
     def render(self) -> str:
         draw = RENDERERS[self.render_style]
-        return f"Current state:\n{draw(self.state)}\nGoal state:\n{draw(self.goal)}"
+        gap = " " if self.render_style == "compact" else "\n"
+        return f"Current state:{gap}{draw(self.state)}\nGoal state:{gap}{draw(self.goal)}"

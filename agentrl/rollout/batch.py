@@ -25,7 +25,8 @@ Shapes (``B`` trajectories, ``P`` = longest prompt, ``R`` = longest response, or
 When older turns left the model's context (``AgentConfig.history_window``, or the context
 budget; ``Turn.context_start`` records the window of each reply), a trajectory becomes one
 row per window (:func:`context_samples`): a new row starts whenever the window start moves;
-its prompt is the first prompt plus the kept blocks before the row's first reply, its response
+its prompt is the first prompt plus the kept blocks before the row's first reply (a turn that
+opened a fresh chat, ``AgentConfig.context: state``: that chat alone), its response
 the replies sampled from that window and the observations between them. An episode whose
 context never shrank is one row, exactly the whole trajectory. Every model token is in exactly
 one row, with its sampler log-prob, and the rows of an episode come in order, so advantages
@@ -217,7 +218,7 @@ def context_samples(trajectory: Trajectory) -> list[TrainingSample]:
         start = ends[window[0]] + 1 - len(first.response_ids)
         end = (len(trajectory.response_ids) if i == len(windows) - 1
                else ends[window[-1]] + 1 + int(last.truncated_by_length))
-        prompt = list(trajectory.prompt_ids) + trajectory.response_ids[first.context_start:start]
+        prompt = trajectory.turn_context(window[0])
         samples.append(TrainingSample(trajectory, prompt, start, end))
     return samples
 

@@ -34,8 +34,8 @@ from agentrl.rollout.batch import turn_values_on_tokens
 from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
-__all__ = ["DEMO_SEED_OFFSET", "ScriptedReplies", "choose_reply", "demonstration_messages",
-           "demonstration_seeds", "play_demonstrations", "scripted_reply_ids"]
+__all__ = ["DEMO_SEED_OFFSET", "ScriptedReplies", "choose_reply", "demonstration_chats",
+           "demonstration_messages", "demonstration_seeds", "play_demonstrations", "scripted_reply_ids"]
 
 DEMO_SEED_OFFSET = 500_000
 """Demonstrations play training seeds from here on past the run's first PPO game: half the
@@ -153,14 +153,32 @@ def demonstration_messages(config: AgentConfig, seed: int, *, random_action_shar
                            rng_seed: int = 0) -> tuple[list[dict], bool]:
     """The demonstration of ``seed`` as chat messages (system, user, assistant, user, ...,
     assistant: the last reply ends it) and whether it used a random turn; the text of the
-    episode :func:`play_demonstrations` plays with the same settings."""
+    episode :func:`play_demonstrations` plays with the same settings. One chat: a preset
+    whose turns are fresh chats (``context: state``) has :func:`demonstration_chats`."""
+    chats, used_random = demonstration_chats(config, seed, random_action_share=random_action_share,
+                                             rng_seed=rng_seed)
+    if len(chats) > 1:
+        raise ValueError(f"context={config.context!r} makes a chat a turn; allowed here: "
+                         "context 'history' (demonstration_chats gives one chat a turn)")
+    return chats[0], used_random
+
+
+def demonstration_chats(config: AgentConfig, seed: int, *, random_action_share: float = 0.0,
+                        rng_seed: int = 0) -> tuple[list[list[dict]], bool]:
+    """The demonstration of ``seed`` as the chats its replies answer, each ending with its
+    reply: one chat (the whole episode) for ``context: history``, one a turn for ``context:
+    state`` (:meth:`Agent.next_chat`); and whether it used a random turn."""
     rng = random.Random(rng_seed * 1_000_003 + seed)
     with Agent(config) as agent:
-        messages = agent.reset(seed=seed)
+        chats = [agent.reset(seed=seed)]
         used_random = False
         while not agent.done:
             text, is_random = choose_reply(agent, rng, random_action_share)
             used_random = used_random or is_random
-            messages.append({"role": "assistant", "content": text})
-            messages += agent.step(text).messages
-        return messages, used_random
+            result = agent.step(text)
+            chats[-1] = [*chats[-1], {"role": "assistant", "content": text}]
+            if result.fresh:
+                chats.append(list(result.messages))
+            else:
+                chats[-1] += result.messages
+        return chats, used_random

@@ -51,6 +51,14 @@ gets exactly that list:
   even the first prompt + the newest block + ``max_new_tokens`` do not fit, the episode ends
   there (``metrics["context_exhausted"] = 1``) and the observation that did not fit is not kept. ``AgentConfig.history_window = K`` uses the
   same mechanism: at most the last K blocks are in the context.
+- *Fresh chat each turn* (``AgentConfig.context: state``): after turn 1, the observation
+  appended after a reply is the next turn's whole opening chat (``Agent.step``'s fresh
+  ``TurnResult.messages`` through the chat template, with the generation prompt: the same ids
+  :meth:`ChatSuffix.first_prompt` gives turn 1), and that turn is generated from it alone:
+  ``response_ids[context_start:]``, without the first prompt (``Turn.fresh_context``). The
+  trajectory still holds every token in order; each reply is one row, whose prompt is its
+  own turn's chat (:func:`agentrl.rollout.batch.context_samples`). A turn whose chat and
+  ``max_new_tokens`` do not fit ``max_context_tokens`` ends the episode as above.
 - ``max_new_tokens`` per reply is ``min(sampling.max_new_tokens, config.max_response_tokens)``;
   the end-of-sequence ids are added to ``stop_token_ids``.
 - *Constrained actions* (``sampling.constrained_actions``): each turn's request carries
@@ -234,11 +242,16 @@ async def run_episode(
     observation = _user_text(messages)
     context_exhausted = False
     reply_end = 0
+    fresh = False  # this turn's context is its own chat, without the first prompt
     while True:
-        needed = len(prompt_ids) + len(response_ids) + max_new  # with the whole response
-        window_start = _window_start(block_starts, window_start, config.history_window,
-                                     spare=max_context_tokens - needed)
-        if len(prompt_ids) + len(response_ids) - window_start + max_new > max_context_tokens:
+        if fresh:
+            window_start = reply_end  # where this turn's chat begins
+        else:
+            needed = len(prompt_ids) + len(response_ids) + max_new  # with the whole response
+            window_start = _window_start(block_starts, window_start, config.history_window,
+                                         spare=max_context_tokens - needed)
+        opening = [] if fresh else prompt_ids
+        if len(opening) + len(response_ids) - window_start + max_new > max_context_tokens:
             context_exhausted = True  # the observation that does not fit is not kept
             del response_ids[reply_end:], mask[reply_end:], logprobs[reply_end:]
             del token_masks[reply_end:], features[reply_end:]
@@ -247,7 +260,7 @@ async def run_episode(
         start = time.perf_counter()
         request = (dataclasses.replace(sampling, answer_grammar=agent.answer_grammar())
                    if constrained else sampling)
-        context = prompt_ids + response_ids[window_start:]
+        context = opening + response_ids[window_start:]
         generations = await asyncio.gather(*(llm.generate(context, request)
                                              for _ in range(1 + branches)))
         timings["generate_s"] += time.perf_counter() - start
@@ -274,12 +287,13 @@ async def run_episode(
         if distances is not None:
             distances.append(agent.goal_distance())
         turn = _turn(reply, result, text, prompt_ids=next_prompt, context_start=window_start,
-                     observation=observation, state=state)
+                     fresh_context=fresh, observation=observation, state=state)
         turns.append(turn)
         if branches:
             here = distances[-2:] if distances is not None else None
             samples = [_one_turn(identity, reply, dataclasses.replace(
-                turn, prompt_ids=tuple(context), context_start=0), context, here,
+                turn, prompt_ids=tuple(context), context_start=0, fresh_context=False),
+                context, here,
                 agent.success, suffix.end_of_turn_id)]
             for other, twin in others:
                 samples.append(await _branch(identity, other, twin, tokenizer, context,
@@ -289,7 +303,9 @@ async def run_episode(
         if result.done:
             break
         start = time.perf_counter()
-        next_prompt = suffix(result.messages)
+        fresh = bool(getattr(result, "fresh", False))
+        next_prompt = (suffix.first_prompt(result.messages) if fresh
+                       else suffix(result.messages))
         observation = _user_text(result.messages)
         timings["tokenize_s"] += time.perf_counter() - start
         reply_end = len(response_ids)
@@ -362,14 +378,15 @@ def _copy_agent(agent: Agent) -> Agent:
 
 
 def _turn(reply: _Reply, result: Any, text: str, *, prompt_ids: Sequence[int],
-          context_start: int, observation: str, state: str) -> Turn:
+          context_start: int, observation: str, state: str, fresh_context: bool = False) -> Turn:
     masks = reply.token_masks
     return Turn(
         prompt_ids=tuple(prompt_ids), response_ids=tuple(reply.ids),
         logprobs=tuple(reply.logprobs), reward=float(result.reward), format_ok=result.format_ok,
         num_actions=result.num_actions, num_valid=result.num_valid_actions,
         num_effective=result.num_effective_actions, truncated_by_length=reply.cut, text=text,
-        context_start=context_start, observation=observation, state=state,
+        context_start=context_start, fresh_context=fresh_context, observation=observation,
+        state=state,
         actions=tuple(result.info.get("actions", ())),
         action_valid=tuple(result.info.get("action_valid", ())),
         format_progress=float(result.info.get("format_progress", float(result.format_ok))),

@@ -45,6 +45,9 @@ class Turn:
     context_start: int = 0
     """The model saw ``prompt_ids + response_ids[context_start:]`` (of the trajectory) for this
     reply: > 0 when older turns were dropped from its context (see the rollout's rules)."""
+    fresh_context: bool = False
+    """The model saw ``response_ids[context_start:]`` alone, without the first prompt: this
+    turn opened a fresh chat (``AgentConfig.context: state``), whose ids ``prompt_ids`` holds."""
     token_masks: tuple[Any, ...] | None = None
     """Constrained decoding: per response id, the engine's ``TokenMask`` (the tokens it could
     choose from); None when the reply was free."""
@@ -166,6 +169,15 @@ class Trajectory:
     @property
     def input_ids(self) -> list[int]:
         return list(self.prompt_ids) + list(self.response_ids)
+
+    def turn_context(self, k: int) -> list[int]:
+        """The ids turn ``k``'s reply was sampled from: ``prompt_ids +
+        response_ids[context_start:reply]``, or without ``prompt_ids`` for a turn that opened a
+        fresh chat (``Turn.fresh_context``)."""
+        turn = self.turns[k]
+        reply = self.turn_end_positions[k] + 1 - len(turn.response_ids)
+        opening = [] if turn.fresh_context else list(self.prompt_ids)
+        return opening + list(self.response_ids[turn.context_start:reply])
 
     def outcome(self) -> EpisodeOutcome:
         return EpisodeOutcome(self.preset, self.seed, self.success, self.episode_return,

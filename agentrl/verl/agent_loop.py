@@ -38,7 +38,8 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   ends (like a turn limit) when the next observation plus one reply token would not fit, as
   verl's ``ToolAgentLoop`` does. So the response always fits and the context never overflows
   (``run_episode``'s drop-oldest-turns rule never fires).
-- **Context windows** (a preset with ``history_window > 0``; V1 trainer only, the legacy one
+- **Context windows** (a preset with ``history_window > 0`` or ``context: state``, each
+  turn a fresh chat: ``AgentConfig.windowed``; V1 trainer only, the legacy one
   refuses the task): older turns leave the context as on the local engine, and the loop
   returns one row per context window (:func:`agentrl.verl.rows.window_outputs`,
   :mod:`agentrl.verl.windows`): each row's prompt is the context its replies were sampled
@@ -206,7 +207,7 @@ class GameAgentLoop(AgentLoopBase):
                   ) -> GameAgentLoopOutput | list[GameAgentLoopOutput]:
         windows_allowed = bool(getattr(self.config.trainer, "use_v1", False))
         task = EpisodeTask.from_extra_info(kwargs.get("extra_info"), windows=windows_allowed)
-        windowed = task.agent_config.history_window > 0
+        windowed = task.agent_config.windowed
         rollout = self.rollout_config
         suffix = ChatSuffix(self.tokenizer)
         agent, opening, prompt_ids = await asyncio.to_thread(open_episode, task, suffix)

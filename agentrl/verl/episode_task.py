@@ -50,9 +50,10 @@ class EpisodeTask:
 
     @classmethod
     def from_extra_info(cls, extra_info: Any, *, windows: bool = False) -> EpisodeTask:
-        """Parse and check ``extra_info``; a bad field raises ValueError naming it. A preset
-        with ``history_window > 0`` needs ``windows`` (verl's V1 trainer, which takes one row
-        per context window: :mod:`agentrl.verl.windows`)."""
+        """Parse and check ``extra_info``; a bad field raises ValueError naming it. A windowed
+        preset (``history_window > 0`` or ``context: state``: ``AgentConfig.windowed``) needs
+        ``windows`` (verl's V1 trainer, which takes one row per context window:
+        :mod:`agentrl.verl.windows`)."""
         if not isinstance(extra_info, Mapping):
             raise ValueError(  # noqa: TRY004 - bad task data, like every other check here
                 f"{AGENT_NAME}: the task row's extra_info must be a mapping with "
@@ -73,11 +74,12 @@ class EpisodeTask:
             raise ValueError(f"{AGENT_NAME}: extra_info.reward_placement={placement!r} is not "
                              f"allowed; allowed: {list(REWARD_PLACEMENTS)}")
         config = _agent_config(preset, extra_info["agent_config"])
-        if config.history_window > 0 and not windows:
+        if config.windowed and not windows:
             raise ValueError(f"{AGENT_NAME}: preset {preset!r} has history_window="
-                             f"{config.history_window}; not allowed on verl's legacy trainer (a "
-                             "reply must be trained on the context it was sampled from, and it "
-                             "trains one row per episode); allowed: 0, or trainer.use_v1=true")
+                             f"{config.history_window}, context={config.context!r}; not allowed "
+                             "on verl's legacy trainer (a reply must be trained on the context "
+                             "it was sampled from, and it trains one row per episode); allowed: "
+                             "history_window 0 with context 'history', or trainer.use_v1=true")
         turn_gamma = extra_info.get("turn_gamma", 1.0)
         number = isinstance(turn_gamma, (int, float, np.floating)) and not isinstance(turn_gamma, bool)
         if not number or not 0.0 <= turn_gamma <= 1.0:
@@ -163,7 +165,8 @@ class BudgetedAgent(AgentWrapper):
         result = self.agent.step(response_text)
         if result.done:
             return result
-        observation = len(self._suffix(result.messages))
+        observation = len(self._suffix.first_prompt(result.messages) if result.fresh
+                          else self._suffix(result.messages))
         if self.budget.used + observation + 1 > self.budget.total:
             self.budget.exhausted = True
             return dataclasses.replace(result, done=True, messages=[])

@@ -9,10 +9,11 @@
     verl_config = compose_sft_config(sft_overrides(config, paths))
 
 **Data.** One parquet row per demonstration episode with a ``messages`` column (the chat:
-system, user, assistant, user, ..., assistant), the layout verl 0.9.1's
+system, user, assistant, user, ..., assistant; a preset with ``context: state``: one row a
+turn, its own chat and reply, as the PPO rows), the layout verl 0.9.1's
 ``MultiTurnSFTDataset`` reads (``data.messages_key``), plus ``preset`` and ``seed`` for people.
 The episodes are those ``agentrl sft`` plays locally (same presets, seeds and oracle replies,
-:func:`agentrl.rollout.demonstrations.demonstration_messages`); validation rows are oracle
+:func:`agentrl.rollout.demonstrations.demonstration_chats`); validation rows are oracle
 episodes of ``val.presets`` on ``val.group_num`` held-out seeds (verl reports their loss).
 verl tokenizes each message with the chat template and learns every assistant message, so
 ``sft.random_action_share`` > 0 is refused here: its random turns must stay unlearned, and
@@ -98,7 +99,7 @@ def check_verl_sft(config: TrainConfig) -> None:
 def sft_rows(config: TrainConfig, split: str) -> list[dict[str, Any]]:
     """Rows of the ``train`` (demonstrations) or ``val`` (held-out oracle episodes) file."""
     from agentrl.envs.splits import split_seeds
-    from agentrl.rollout.demonstrations import demonstration_messages, demonstration_seeds
+    from agentrl.rollout.demonstrations import demonstration_chats, demonstration_seeds
 
     if split == "train":
         names, seeds = config.sft_presets, demonstration_seeds(config.sft.episodes, config.seed)
@@ -110,8 +111,8 @@ def sft_rows(config: TrainConfig, split: str) -> list[dict[str, Any]]:
                                          config.rollout.max_new_tokens))  # as the local run
     rows = []
     for name, seed in plan:
-        messages, _ = demonstration_messages(agents[name], seed, rng_seed=config.seed)
-        rows.append({"messages": messages, "preset": name, "seed": seed})
+        chats, _ = demonstration_chats(agents[name], seed, rng_seed=config.seed)
+        rows += [{"messages": messages, "preset": name, "seed": seed} for messages in chats]
     return rows
 
 

@@ -146,16 +146,15 @@ def oracle_rows(trajectory: Trajectory, agent: Agent, tokenizer: Any, keep: str,
     rows = []
     missed_before = False  # the previous turn's move missed
     for index, (turn, oracle, optimal) in enumerate(replayed_turns(trajectory, agent)):
-        end = trajectory.turn_end_positions[index]
-        start = end - len(turn.response_ids) + 1
-        context = list(trajectory.prompt_ids) + list(trajectory.response_ids[turn.context_start:start])
+        context = trajectory.turn_context(index)
         skip = (keep == "corrections" and optimal) or (keep == "on_path" and missed_before)
         missed_before = not optimal
         if skip:
             continue
         ids = scripted_reply_ids(oracle, tokenizer, max_new_tokens)
         reply = dataclasses.replace(turn, prompt_ids=tuple(context), response_ids=tuple(ids),
-                                    logprobs=(0.0,) * len(ids), context_start=0, token_masks=None,
+                                    logprobs=(0.0,) * len(ids), context_start=0,
+                                    fresh_context=False, token_masks=None,
                                     text=oracle)
         rows.append(Trajectory(
             preset=trajectory.preset, seed=trajectory.seed, group_index=index,

@@ -474,7 +474,7 @@ def full_history_configs(args: argparse.Namespace) -> Configs:
     """The verl recipe's configs: the preset's history_window 0 (verl's SFT trains whole episodes),
     its folders under ``<run-dir>/verl`` (its untrained "before" in ``untrained/``)."""
     return Configs(argparse.Namespace(**{
-        **vars(args), "overrides": [*args.overrides, VERL.full_history(args.preset)],
+        **vars(args), "overrides": [*args.overrides, *VERL.full_history(args.preset)],
         "run_dir": args.run_dir / "verl"}))
 
 

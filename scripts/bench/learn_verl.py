@@ -56,9 +56,10 @@ class Plan(NamedTuple):
     """The user's and the benchmark's config overrides (``history_window=0`` among them)."""
 
 
-def full_history(preset: str) -> str:
-    """The override that keeps every turn in the context (verl's SFT trains whole episodes)."""
-    return f"agents.{preset}.history_window=0"
+def full_history(preset: str) -> tuple[str, str]:
+    """The overrides that keep every turn in the context (verl's SFT trains whole episodes):
+    one growing chat (``context: history``), no turn dropped (``history_window`` 0)."""
+    return f"agents.{preset}.history_window=0", f"agents.{preset}.context=history"
 
 
 def shared_keys(plan: Plan) -> list[str]:

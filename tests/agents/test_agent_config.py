@@ -23,7 +23,9 @@ def test_every_preset_builds_an_agent_that_resets(name):
     with Agent(PRESETS[name]) as agent:
         messages = agent.reset(seed=0)
         assert [m["role"] for m in messages] == ["system", "user"]
-        assert agent.env.unwrapped.rules in messages[-1]["content"]
+        rules = (agent.env.unwrapped.brief_rules if agent.config.rules == "brief"
+                 else agent.env.unwrapped.rules)
+        assert rules in messages[-1]["content"]
         assert agent.env.unwrapped.render() in messages[-1]["content"]
         assert not agent.done
 

@@ -152,20 +152,21 @@ def test_the_recipe_is_asked_for_and_refuses_a_deadline(bench, capsys):
 def test_a_whole_episode_must_fit_verls_row(bench, tmp_path):
     verl = bench.VERL
     plan = verl.Plan(preset=PRESET, seed=0, steps=1, sft_episodes=8, sft_epochs=1,
-                     val_groups=2, overrides=(verl.full_history(PRESET),))
+                     val_groups=2, overrides=verl.full_history(PRESET))
     config = compose_config(verl.shared_keys(plan))
     seeds = list(range(8))
     bounds = verl.check_lengths(config, PRESET, seeds)
-    # 6 turns: a first prompt of ~390 tokens, then ~125 tokens of observation and a reply of
-    # at most 32 per turn; the preset's 512 + 512 would cut the longest episodes
-    assert 300 < bounds["prompt"] <= verl.MAX_PROMPT_LENGTH
+    # 6 turns: a first prompt of ~120 tokens (brief rules, compact states), then ~80 tokens of
+    # feedback and state and a reply of at most 32 per turn; a 512-token response would cut
+    # the longest episodes
+    assert 100 < bounds["prompt"] <= verl.MAX_PROMPT_LENGTH
     assert 512 < bounds["response"] <= verl.MAX_RESPONSE_LENGTH
     short = compose_config([*verl.shared_keys(plan), "verl.max_response_length=512"])
     with pytest.raises(ValueError, match=r"verl.max_response_length=512 is too small .* "
                                          r"allowed: an integer >= \d+"):
         verl.check_lengths(short, PRESET, seeds)
-    windowed = verl.Plan(**{**plan._asdict(), "overrides": ()})   # the preset's window of 1
-    with pytest.raises(ValueError, match="history_window=1 is not allowed with "
+    windowed = verl.Plan(**{**plan._asdict(), "overrides": ()})  # the preset's chat a turn
+    with pytest.raises(ValueError, match="context='state' is not allowed with "
                                          "verl.trainer='legacy'"):
         compose_config(verl.shared_keys(windowed))
 
@@ -194,7 +195,7 @@ def test_local_timings_average_the_local_stages_steps_as_verls(bench):
 def test_the_commands_pass_verls_config_checks(bench, tmp_path, capsys):
     verl = bench.VERL
     plan = verl.Plan(preset=PRESET, seed=0, steps=4, sft_episodes=64, sft_epochs=1,
-                     val_groups=64, overrides=(verl.full_history(PRESET), "model=tiny_vllm"))
+                     val_groups=64, overrides=(*verl.full_history(PRESET), "model=tiny_vllm"))
     ppo = verl.ppo_command(sys.executable, tmp_path, plan, "tiny-vllm")
     assert cli.main([ppo[3], "--dry-run", *ppo[4:]]) == 0
     printed = capsys.readouterr().out

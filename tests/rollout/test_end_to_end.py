@@ -32,8 +32,9 @@ def test_every_preset_runs_in_groups(chatml_tokenizer):
         assert a.prompt_ids == b.prompt_ids  # the same game in one group
         assert a.num_turns >= 1 and sum(a.response_mask) > 0
     batch = to_batch(trajs, pad_token_id=tok.pad_token_id)
-    # one row an episode, more where a history window dropped turns (one row per window)
-    windowed = {i for i, t in enumerate(trajs) if PRESETS[t.preset].history_window}
+    # one row an episode, more where a history window dropped turns or each turn is a fresh
+    # chat (one row per window)
+    windowed = {i for i, t in enumerate(trajs) if PRESETS[t.preset].windowed}
     rows = batch["episode_index"].tolist()
     assert sorted(set(rows)) == list(range(len(trajs)))
     assert all(rows.count(i) == 1 for i in range(len(trajs)) if i not in windowed)

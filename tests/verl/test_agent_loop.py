@@ -701,8 +701,71 @@ def test_a_windowed_episode_refuses_a_verl_config_that_breaks_its_returns(
 def test_a_windowed_task_needs_the_v1_trainer(tokenizer, presets):
     game = windowed_game(tokenizer, presets)
     extra_info = task_row(game, 0, max_context_tokens=4096)["extra_info"]
-    with pytest.raises(ValueError, match=r"history_window=1; not allowed on verl's legacy "
-                                         r"trainer.*allowed: 0, or trainer.use_v1=true"):
+    with pytest.raises(ValueError, match=r"history_window=1, context='history'; not allowed "
+                                         r"on verl's legacy trainer.*allowed: history_window 0 "
+                                         r"with context 'history', or trainer.use_v1=true"):
         EpisodeTask.from_extra_info(extra_info)
     task = EpisodeTask.from_extra_info(extra_info, windows=True)
     assert task.agent_config == dataclasses.replace(game.config, held_out_of=None)
+
+
+# -- context: state: each turn its own chat, one row a turn (V1) ----------------------------------
+STATE_PRESET = "tightBlocksworldTurnsAgent"  # the default preset: context: state
+
+
+class ReplyTexts:
+    """An ``llm`` for the local rollout answering ``texts`` in order, token for token as the
+    fake server does (the text's ids and the end-of-turn id); records every prompt."""
+
+    def __init__(self, tokenizer, texts):
+        self.tokenizer, self.texts, self.calls = tokenizer, list(texts), []
+        self.eos = end_of_turn_ids(tokenizer)[0]
+
+    async def generate(self, prompt_ids, sampling):
+        self.calls.append(list(prompt_ids))
+        ids = self.tokenizer.encode(self.texts[len(self.calls) - 1], add_special_tokens=False)
+        ids = [*ids, self.eos]
+        return ids, [0.0] * len(ids)
+
+
+def test_a_state_context_gives_the_same_rows_on_verl_and_the_local_rollout(
+        workers, fake, tmp_path, tokenizer, presets):
+    """verl's loop plays the episode through the same Agent and run_episode as the local
+    engine: every turn is sampled from its own chat (the Agent's, through the chat template),
+    and each is one row with that chat as its prompt, on both."""
+    from agentrl.engines import SamplingParams
+    from agentrl.rollout import run_episode
+    from agentrl.rollout.batch import context_samples
+    from agentrl.rollout.episode import first_prompt_ids
+
+    config = presets[STATE_PRESET]
+    assert config.context == "state"
+    game = play_script(tokenizer, STATE_PRESET, config, 3, [ORACLE] * config.max_turns)
+    assert game.success and len(game.replies) >= 2
+    chats = []
+    with Agent(config) as agent:
+        chat = agent.reset(seed=3)
+        for reply in game.replies:
+            chats.append(chat)
+            chat = Agent.next_chat(chat, reply, agent.step(reply))
+    expected = [first_prompt_ids(tokenizer, chat) for chat in chats]
+
+    result = rollout(workers, fake, "v1", tmp_path, [game], n=1)
+    assert [call.prompt_ids for call in fake.calls] == expected
+    assert [sample.prompt for sample in result.samples] == expected  # a row a turn
+    for sample, call in zip(result.samples, fake.calls):
+        assert [t for t, m in zip(sample.response, sample.mask) if m] == call.token_ids
+    assert sum(sum(sample.rm_scores) for sample in result.samples[-1:]) == pytest.approx(
+        game.rewards[-1])
+
+    llm = ReplyTexts(tokenizer, game.replies)
+    with Agent(config) as agent:
+        local = asyncio.run(run_episode(agent, 3, llm, tokenizer,
+                                        SamplingParams(max_new_tokens=64),
+                                        max_context_tokens=4096, preset=STATE_PRESET))
+    assert llm.calls == expected
+    assert [row.prompt_ids for row in context_samples(local)] == expected
+
+    extra_info = task_row(game, 0, max_context_tokens=4096)["extra_info"]
+    with pytest.raises(ValueError, match=r"context='state'; not allowed on verl's legacy"):
+        EpisodeTask.from_extra_info(extra_info)

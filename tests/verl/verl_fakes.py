@@ -52,7 +52,8 @@ def play_script(tokenizer, preset: str, config: AgentConfig, seed: int,
         rewards.append(result.reward)
         if result.done:
             break
-        observations.append(suffix(result.messages))
+        observations.append(suffix.first_prompt(result.messages) if result.fresh
+                            else suffix(result.messages))
     else:
         raise AssertionError(f"the script of {preset} seed {seed} ends before the episode")
     agent.close()
