@@ -283,7 +283,10 @@ def _advance(episode: LockstepEpisode, ids: list[int], tokenizer: Any, suffix: C
     if result.done:
         episode.done = True
         return
-    episode.context += suffix(result.messages)
+    if result.fresh:  # context: state: the next turn is its own chat
+        episode.context = suffix.first_prompt(result.messages)
+    else:
+        episode.context += suffix(result.messages)
     if len(episode.context) + episode.sampling.max_new_tokens > max_context_tokens:
         raise ValueError(f"an episode outgrew --max-context-tokens={max_context_tokens}; the "
                          "barrier baseline does not truncate, raise it")
