@@ -405,6 +405,10 @@ class SftConfig(Section):
     random_action_share: float = setting(0.0, unit_interval, "a number in [0, 1]")
     """Share of turns answered with random legal actions (not learned) so the oracle's
     replanning shows recoveries; local backend only."""
+    flawed_first_move: bool = False
+    """A flawed teacher: every demonstration opens with a random legal move that is learned
+    (not masked out), and the oracle plays on from the board it left
+    (scripts/bench/flawed_teacher.py); local backend only."""
     evaluate: bool = True
     """Greedy held-out evaluation (val.presets, val.group_num games) before and after."""
     save_optimizer: bool = False
@@ -586,6 +590,10 @@ class TrainConfig(Section):
             raise ValueError(f"sft.micro_batch_size={sft.micro_batch_size} is not allowed: it "
                              f"exceeds sft.mini_batch_size={sft.mini_batch_size}; allowed: an "
                              f"integer in [1, {sft.mini_batch_size}]")
+        if sft.flawed_first_move and self.backend == "verl":
+            raise ValueError("sft.flawed_first_move=true is not allowed with backend=verl: "
+                             "verl's SFT data plays the oracle alone; allowed: false, or "
+                             "backend=local")
         if sft.output_dir is not None:
             object.__setattr__(sft, "output_dir", Path.cwd() / sft.output_dir.expanduser())
         if self.lora.rank and (sft.save_optimizer or self.actor.warm_optimizer):

@@ -19,6 +19,14 @@ A random turn stays in the episode (the model sees it in its context) but is not
 ``response_mask`` is set to 0. An episode with a random turn that ends unsolved is dropped
 (a random move can make a game unsolvable, and the oracle's later replies are then a fallback
 move, not a solution); pure oracle episodes are always kept.
+
+**A flawed teacher.** With ``flawed_first_move`` the first turn's reply is one legal move
+drawn uniformly (:func:`flawed_reply`, written as the oracle writes its replies), and it IS
+learned: its tokens keep ``response_mask`` 1, so the warm start imitates a teacher whose
+opening is random. The oracle then plays on from the board that move left. Every such episode
+is kept, won or lost: dropping the losses would keep mostly the harmless openings and hide the
+flaw (PPO's task in ``scripts/bench/flawed_teacher.py`` is to unlearn it). With both options,
+the random turns of ``random_action_share`` come after the first and are handled as above.
 """
 
 from __future__ import annotations
@@ -28,14 +36,16 @@ import random
 from collections.abc import Callable, Sequence
 from typing import Any
 
-from agentrl.agents import Agent, AgentConfig
+from agentrl.agents import Agent, AgentConfig, format_response
+from agentrl.agents.agent import ORACLE_THINK
 from agentrl.models.templates import end_of_turn_ids
 from agentrl.rollout.batch import turn_values_on_tokens
 from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["DEMO_SEED_OFFSET", "ScriptedReplies", "choose_reply", "demonstration_chats",
-           "demonstration_messages", "demonstration_seeds", "play_demonstrations", "scripted_reply_ids"]
+           "demonstration_messages", "demonstration_seeds", "flawed_reply", "play_demonstrations",
+           "scripted_reply_ids"]
 
 DEMO_SEED_OFFSET = 500_000
 """Demonstrations play training seeds from here on past the run's first PPO game: half the
@@ -54,32 +64,51 @@ def demonstration_seeds(count: int, seed: int) -> list[int]:
     return [train[(start + i) % len(train)] for i in range(count)]
 
 
-def choose_reply(agent: Agent, rng: random.Random, random_action_share: float) -> tuple[str, bool]:
-    """This turn's demonstration reply and whether it is a random one (not to be learned)."""
+def choose_reply(agent: Agent, rng: random.Random, random_action_share: float,
+                 flawed: bool = False) -> tuple[str, bool]:
+    """This turn's demonstration reply and whether it is a random one (not to be learned);
+    ``flawed``: the flawed teacher's opening (:func:`flawed_reply`, learned)."""
+    if flawed:
+        return flawed_reply(agent, rng), False
     if random_action_share > 0 and rng.random() < random_action_share:
         return agent.random_response(rng), True
     return agent.oracle_response(), False
+
+
+def flawed_reply(agent: Agent, rng: random.Random) -> str:
+    """One of this turn's legal moves (``agent.answer_grammar().actions``), drawn uniformly,
+    in the reply the oracle would write for it (its think text where the preset thinks): the
+    move is the only thing that tells a flawed teacher's reply from the oracle's."""
+    legal = agent.answer_grammar().actions
+    config = agent.config
+    return format_response([legal[rng.randrange(len(legal))]],
+                           separator=config.action_separator,
+                           think=ORACLE_THINK if config.enable_think else None,
+                           answer_format=config.answer_format)
 
 
 class ScriptedReplies:
     """An ``llm`` for :func:`run_episode` that answers with :func:`choose_reply`'s text.
 
     One per episode (it reads its agent's game state). ``random_turns`` records, per turn,
-    whether the reply was a random one. Log-probs are 0.0: nothing sampled them.
+    whether the reply was a random one. ``flawed_first_move``: the first reply is
+    :func:`flawed_reply`'s (learned). Log-probs are 0.0: nothing sampled them.
     """
 
     def __init__(self, agent: Agent, tokenizer: Any, rng: random.Random,
-                 random_action_share: float = 0.0):
+                 random_action_share: float = 0.0, flawed_first_move: bool = False):
         self.agent = agent
         self.tokenizer = tokenizer
         self.rng = rng
         self.random_action_share = random_action_share
+        self.flawed_first_move = flawed_first_move
         self.end_of_turn_id = end_of_turn_ids(tokenizer)[0]
         self.random_turns: list[bool] = []
 
     async def generate(self, prompt_ids: Sequence[int], sampling: Any
                        ) -> tuple[list[int], list[float]]:
-        text, is_random = choose_reply(self.agent, self.rng, self.random_action_share)
+        text, is_random = choose_reply(self.agent, self.rng, self.random_action_share,
+                                       flawed=self.flawed_first_move and not self.random_turns)
         self.random_turns.append(is_random)
         ids = scripted_reply_ids(text, self.tokenizer, sampling.max_new_tokens,
                                  self.end_of_turn_id)
@@ -111,11 +140,13 @@ async def play_demonstrations(
     max_context_tokens: int,
     max_new_tokens: int,
     random_action_share: float = 0.0,
+    flawed_first_move: bool = False,
     seed: int = 0,
     on_episode_done: Callable[[Trajectory], None] | None = None,
 ) -> list[Trajectory]:
     """One demonstration per seed: episode ``i`` plays ``presets[i % len(presets)]`` on
-    ``seeds[i]``. Returns the kept trajectories (see the module docstring), in seed order."""
+    ``seeds[i]``. Returns the kept trajectories (see the module docstring), in seed order;
+    ``flawed_first_move``: each opens with a learned random legal move."""
     if not presets:
         raise ValueError("no presets given")
     if not 0 <= random_action_share <= 1:
@@ -131,7 +162,7 @@ async def play_demonstrations(
             name, _ = presets[index % len(presets)]
             agent = agents[name]
             llm = ScriptedReplies(agent, tokenizer, random.Random(seed * 1_000_003 + game_seed),
-                                  random_action_share)
+                                  random_action_share, flawed_first_move)
             trajectory = await run_episode(agent, int(game_seed), llm, tokenizer, sampling,
                                            max_context_tokens=max_context_tokens,
                                            group_index=index, preset=name, suffix=suffix)
@@ -150,12 +181,14 @@ async def play_demonstrations(
 
 
 def demonstration_messages(config: AgentConfig, seed: int, *, random_action_share: float = 0.0,
-                           rng_seed: int = 0) -> tuple[list[dict], bool]:
+                           flawed_first_move: bool = False, rng_seed: int = 0
+                           ) -> tuple[list[dict], bool]:
     """The demonstration of ``seed`` as chat messages (system, user, assistant, user, ...,
     assistant: the last reply ends it) and whether it used a random turn; the text of the
     episode :func:`play_demonstrations` plays with the same settings. One chat: a preset
     whose turns are fresh chats (``context: state``) has :func:`demonstration_chats`."""
     chats, used_random = demonstration_chats(config, seed, random_action_share=random_action_share,
+                                             flawed_first_move=flawed_first_move,
                                              rng_seed=rng_seed)
     if len(chats) > 1:
         raise ValueError(f"context={config.context!r} makes a chat a turn; allowed here: "
@@ -164,7 +197,8 @@ def demonstration_messages(config: AgentConfig, seed: int, *, random_action_shar
 
 
 def demonstration_chats(config: AgentConfig, seed: int, *, random_action_share: float = 0.0,
-                        rng_seed: int = 0) -> tuple[list[list[dict]], bool]:
+                        flawed_first_move: bool = False, rng_seed: int = 0
+                        ) -> tuple[list[list[dict]], bool]:
     """The demonstration of ``seed`` as the chats its replies answer, each ending with its
     reply: one chat (the whole episode) for ``context: history``, one a turn for ``context:
     state`` (:meth:`Agent.next_chat`); and whether it used a random turn."""
@@ -172,8 +206,11 @@ def demonstration_chats(config: AgentConfig, seed: int, *, random_action_share: 
     with Agent(config) as agent:
         chats = [agent.reset(seed=seed)]
         used_random = False
+        first = True
         while not agent.done:
-            text, is_random = choose_reply(agent, rng, random_action_share)
+            text, is_random = choose_reply(agent, rng, random_action_share,
+                                           flawed=flawed_first_move and first)
+            first = False
             used_random = used_random or is_random
             result = agent.step(text)
             chats[-1] = [*chats[-1], {"role": "assistant", "content": text}]

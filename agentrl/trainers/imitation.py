@@ -63,7 +63,8 @@ def oracle_demonstrations(config: Any, tokenizer: Any, loop: Any,
         demonstration_seeds(sft.episodes, config.seed),
         max_context_tokens=config.rollout.max_context_tokens,
         max_new_tokens=config.rollout.max_new_tokens,
-        random_action_share=sft.random_action_share, seed=config.seed,
+        random_action_share=sft.random_action_share,
+        flawed_first_move=sft.flawed_first_move, seed=config.seed,
         on_episode_done=on_episode_done))
     if not kept:
         raise ValueError(f"no demonstration was kept of sft.episodes={sft.episodes}: every "
