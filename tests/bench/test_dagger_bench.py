@@ -26,7 +26,8 @@ def bench(load_script):
 @pytest.fixture(scope="module")
 def played(tiny):
     """Episodes with random moves among the oracle's (random turns: response_mask 0), so some
-    boards were left by a move that did not close the distance; history window 1 drops turns."""
+    boards were left by a move that did not close the distance; each turn is its own chat
+    (``context: state``), so no later turn's context holds the first prompt."""
     _, tokenizer = tiny
     presets = build_config({}).playing_presets([PRESET], 32)
     episodes = asyncio.run(play_demonstrations(
@@ -42,15 +43,18 @@ def random_turns(episode):
 def test_every_turn_gets_the_oracles_reply_in_the_policys_context(bench, played):
     config, tokenizer, episodes = played
     assert any(any(random_turns(e)) for e in episodes), "some kept episode has a random move"
-    assert any(t.context_start > 0 for e in episodes for t in e.turns), "a window dropped a turn"
+    assert any(t.fresh_context for e in episodes for t in e.turns), "a turn opened its own chat"
     with Agent(config) as agent:
         for episode in episodes:
             rows = bench.oracle_rows(episode, agent, tokenizer, keep="all",
                                     max_new_tokens=32)
             assert [row.group_index for row in rows] == list(range(episode.num_turns))
-            for row, turn, was_random in zip(rows, episode.turns, random_turns(episode)):
+            for k, (row, turn, was_random) in enumerate(zip(rows, episode.turns,
+                                                             random_turns(episode))):
                 seen = row.prompt_ids
-                assert seen[:len(episode.prompt_ids)] == list(episode.prompt_ids)
+                assert seen == episode.turn_context(k)  # the context the policy sampled from
+                opening = [] if turn.fresh_context else list(episode.prompt_ids)
+                assert seen[:len(opening)] == opening  # a fresh chat is the turn's own
                 assert seen[len(seen) - len(turn.prompt_ids):] == list(turn.prompt_ids)
                 text = tokenizer.decode(row.response_ids, skip_special_tokens=True)
                 if not was_random:  # the oracle played this board: the label is its move

@@ -53,7 +53,8 @@ def train_command(python: str, run_dir: Path, steps: int, model: Path) -> list[s
 
 
 WINDOWED_PRESET = "tightBlocksworldTurnsAgent"
-"""One move a turn, ``history_window`` 1: an episode of 3 turns is 2 context windows."""
+"""One move a turn, each turn its own chat (``context: state``): an episode of 3 turns is 3
+rows."""
 
 
 def v1_windows_command(python: str, run_dir: Path, steps: int) -> list[str]:
@@ -205,7 +206,7 @@ def test_verls_v1_trainer_with_context_windows_killed_mid_step_resumes_on_cpu(tm
         assert step["training/rollout_probs_diff_max"] < 1e-3  # the masks reach the actor
         rows = step["perf/total_num_tokens"] / (step["prompt_length/mean"]
                                                 + step["response_length/mean"])
-        # 2 episodes of up to 2 windows each (3 turns, history_window 1): more rows than episodes
+        # 2 episodes of up to 3 rows each (3 turns, a row a turn): more rows than episodes
         print(f"step rows: {rows:.2f}")
         assert rows > 2.5
     assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
