@@ -2,21 +2,31 @@
 
     plot_learning_curves(run_dir / "metrics.jsonl", run_dir / "learning_curves.png")
 
-Panels, each drawn only when the run logged one of its keys:
+The picture explains the run to someone who did not start it:
 
-- train success per preset (``train/<preset>/success``), validation success per preset
-  (``val/<preset>/success``, at the steps validation ran) with its 95% Wilson interval as a
-  band (from ``val/<preset>/episodes``: 32 games leave about +-17 points around 50%, so two
-  points of a curve closer than the band are not told apart);
-- reference lines in the validation panel: the random and the oracle policy's success per
-  preset on the run's own validation seeds (``references``: :func:`reference_success`, dashed
-  and dotted in the preset's colour), so a curve reads against luck and against the best play;
-- loss (``actor/pg_loss``, ``critic/vf_loss``, the warm start's ``sft/loss``), KL (``actor/kl``, ``actor/ppo_kl``,
-  ``actor/kl_loss``), entropy (``actor/entropy``).
+- a title naming the run (``run.json``), the model, the presets and the engine, from the run's
+  config (``config.yaml`` in the run folder, else the newest checkpoint's);
+- the warm start marked on every panel: a shaded span up to ``train.sft_steps`` and a line where
+  PPO takes over (``sft/loss`` steps when the config is not there);
+- held-out success per preset (``val/<preset>/success``, greedy, at the steps validation ran)
+  with its 95% Wilson interval as a band (from ``val/<preset>/episodes``: 32 games leave about
+  +-17 points around 50%, so two points of a curve closer than the band are not told apart),
+  against the random and the oracle policy's success on the run's own validation seeds
+  (``references``: :func:`reference_success`, dotted and dashed in the preset's colour);
+- training success per preset (sampled episodes);
+- the health a practitioner reads, each on its own axes: the critic's explained variance, the
+  clip fraction, the KL to the rollout policy (``actor/approx_kl``, ``actor/ppo_kl``, ...; a KL
+  that is 0 on every step gets no line, and a note says so), the entropy per real choice (the
+  tokens a constraint forced left out);
+- the losses on their own scales: ``critic/vf_loss``, ``actor/pg_loss``, the warm start's
+  ``sft/loss``.
 
-A run with none of them still gets a PNG saying so, so the end of a run never fails on a plot.
-Drawn on a bare ``matplotlib.figure.Figure`` (Agg, no pyplot state, no display needed) and
-written atomically (temporary file, then rename).
+Steps are integers on every axis; rates keep their [0, 1] (a flat 0 sits on the floor, not in the
+middle of a made-up range). :data:`PANELS` and :func:`y_limits` are shared with the HTML report's
+charts (:mod:`agentrl.report.data`). A run with none of the metrics still gets a PNG saying so, so
+the end of a run never fails on a plot. Drawn on a bare ``matplotlib.figure.Figure`` (Agg, no
+pyplot state, no display needed) and written atomically (temporary file, then rename), readable
+like any other file the user writes.
 """
 
 from __future__ import annotations
@@ -25,33 +35,55 @@ import json
 import math
 import os
 import tempfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
 
 from agentrl.evaluation.references import played_references
 from agentrl.evaluation.stats import wilson_interval
 from agentrl.trainers.tracking import matching_keys, read_metrics
 
-__all__ = ["PANELS", "REFERENCES_FILE", "plot_learning_curves", "reference_success",
-           "success_band"]
+__all__ = ["PANELS", "REFERENCES_FILE", "Panel", "learning_curves_figure", "panel_keys",
+           "plot_learning_curves", "reference_success", "run_title", "success_band",
+           "warm_start_steps", "y_limits"]
 
 REFERENCES_FILE = "references.json"
 """Beside metrics.jsonl: the reference policies' success, played once per run."""
 REFERENCE_STYLES = {"random": ":", "oracle": "--"}
-
-# (title, key patterns, per preset): per-preset panels are success rates in [0, 1], one line per
-# preset labelled by its name; the others have one line per key.
-BAND_PANELS = ("validation success",)
-"""Per-preset panels drawn with the success rate's 95% interval as a band."""
 BAND_ALPHA = 0.2
+WARM_START_COLOR = "0.5"
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One panel: the keys it draws (globs), its y-axis label and how its range is chosen
+    (``kind``: ``rate`` [0, 1]; ``share`` from 0, at least to 0.05; ``positive`` from 0;
+    ``explained`` up to 1; ``value`` as the data falls)."""
+
+    title: str
+    patterns: tuple[str, ...]
+    ylabel: str
+    kind: str = "value"
+    per_preset: bool = False  # one line per preset, labelled by its name
+    drop_all_zero: bool = False  # a key that is 0 on every step gets no line
+
+
 PANELS = (
-    ("train success", ("train/*/success",), True),
-    ("validation success", ("val/*/success",), True),
-    ("loss", ("actor/pg_loss", "critic/vf_loss", "sft/loss"), False),
-    ("KL", ("actor/kl", "actor/ppo_kl", "actor/kl_loss"), False),
-    ("entropy", ("actor/entropy",), False),
+    Panel("held-out success", ("val/*/success",), "success rate (greedy)", "rate", True),
+    Panel("training success", ("train/*/success",), "success rate (sampled)", "rate", True),
+    Panel("critic explained variance", ("critic/vf_explained_var",),
+          "explained variance (1 = exact)", "explained"),
+    Panel("clip fraction", ("actor/pg_clipfrac",), "share of tokens clipped", "share"),
+    Panel("KL", ("actor/approx_kl", "actor/ppo_kl", "actor/kl", "actor/kl_loss"),
+          "KL per token (nats)", "positive", drop_all_zero=True),
+    Panel("entropy per choice", ("actor/entropy",), "nats per token with a choice", "positive"),
+    Panel("value loss", ("critic/vf_loss",), "critic loss", "positive"),
+    Panel("policy loss", ("actor/pg_loss",), "PPO loss"),
+    Panel("SFT loss", ("sft/loss",), "cross-entropy per reply token", "positive"),
 )
 PANEL_SIZE = (5.0, 3.4)  # inches per panel
 MAX_COLUMNS = 3
@@ -59,46 +91,187 @@ MAX_COLUMNS = 3
 
 def plot_learning_curves(metrics_jsonl: str | Path, out_png: str | Path, *,
                          title: str | None = None,
-                         references: dict[str, dict[str, float]] | None = None) -> Path:
+                         references: dict[str, dict[str, float]] | None = None,
+                         sft_steps: int | None = None) -> Path:
     """Draw the panels of ``PANELS`` that have data into ``out_png``; returns its path.
-    ``references``: ``{preset: {"random": success, "oracle": success}}`` for the validation
-    panel."""
+    ``references``: ``{preset: {"random": success, "oracle": success}}`` for the held-out
+    panel. ``title`` and ``sft_steps`` default to what the run folder (the metrics file's)
+    says: :func:`run_title`, :func:`warm_start_steps`."""
+    metrics_jsonl = Path(metrics_jsonl)
     records = read_metrics(metrics_jsonl)
-    keys = {k for record in records for k in record}
-    panels = [(name, [k for p in patterns for k in matching_keys(keys, p)], per_preset)
-              for name, patterns, per_preset in PANELS]
-    panels = [panel for panel in panels if panel[1]]
-    columns = min(MAX_COLUMNS, max(1, len(panels)))
-    rows = max(1, math.ceil(len(panels) / columns))
-    figure = Figure(figsize=(PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows), layout="constrained")
+    config = _run_config(metrics_jsonl.parent)
+    if title is None:
+        found = sorted({k.split("/")[1] for r in records for k in r
+                        if k.count("/") == 2 and k.split("/")[0] in ("train", "val")})
+        title = run_title(metrics_jsonl.parent, config, presets=found)
+    if sft_steps is None:
+        sft_steps = warm_start_steps(records, config)
+    figure = learning_curves_figure(records, title=title, references=references,
+                                    sft_steps=sft_steps)
+    return _save(figure, Path(out_png))
+
+
+def learning_curves_figure(records: Sequence[Mapping[str, Any]], *, title: str | None = None,
+                           references: Mapping[str, Mapping[str, float]] | None = None,
+                           sft_steps: int = 0) -> Figure:
+    """The Figure of :func:`plot_learning_curves` (nothing written)."""
+    drawn, silent = panel_keys(records)
+    columns = min(MAX_COLUMNS, max(1, len(drawn)))
+    rows = max(1, math.ceil(len(drawn) / columns))
+    figure = Figure(figsize=(PANEL_SIZE[0] * columns, PANEL_SIZE[1] * rows + 0.6),
+                    layout="constrained")
     if title:
         figure.suptitle(title)
-    if not panels:
+    if not drawn:
         figure.text(0.5, 0.5, "no metrics to plot", ha="center", va="center")
-    for index, (name, panel_keys, per_preset) in enumerate(panels):
+    steps = [r["step"] for r in records]
+    for index, (panel, keys) in enumerate(drawn):
         axes = figure.add_subplot(rows, columns, index + 1)
-        for key in panel_keys:
-            steps, values = _series(records, key)
-            line, = axes.plot(steps, values, marker="." if len(steps) < 50 else None,
-                              label=key.split("/")[1] if per_preset else key)
-            if name in BAND_PANELS:
-                band_steps, low, high = success_band(records, key)
-                if band_steps:
-                    axes.fill_between(band_steps, low, high, color=line.get_color(),
-                                      alpha=BAND_ALPHA, linewidth=0)
-                preset = key.split("/")[1]
-                for policy, success in (references or {}).get(preset, {}).items():
-                    axes.axhline(success, color=line.get_color(), linewidth=1,
-                                 linestyle=REFERENCE_STYLES.get(policy, "-."),
-                                 label=f"{preset} {policy}")
-        axes.set_title(name)
+        axes.set_xlim(min(steps) - 0.5, max(steps) + 0.5)  # every panel on the run's steps
+        _draw_panel(axes, panel, keys, records, references or {})
+        if sft_steps:
+            _mark_warm_start(axes, records, sft_steps, legend=index == 0)
+        axes.xaxis.set_major_locator(MaxNLocator(integer=True))
         axes.set_xlabel("step")
+        axes.set_ylabel(panel.ylabel)
         axes.grid(alpha=0.3)
-        if per_preset:
-            axes.set_ylim(-0.02, 1.02)
-        if per_preset or len(panel_keys) > 1:
+        if len(axes.get_legend_handles_labels()[1]) > 1 or panel.per_preset:
             axes.legend(fontsize="small")
-    return _save(figure, Path(out_png))
+    if silent:
+        figure.supxlabel("not drawn, 0 at every step: " + ", ".join(silent),
+                         fontsize="small", color="0.4")
+    return figure
+
+
+def panel_keys(records: Sequence[Mapping[str, Any]]
+               ) -> tuple[list[tuple[Panel, list[str]]], list[str]]:
+    """The panels with something to draw and their keys; and the keys left out because they
+    are 0 on every step (a KL of one pass over the batch: nothing to read)."""
+    keys = {k for record in records for k in record}
+    drawn, silent = [], []
+    for panel in PANELS:
+        found = [k for pattern in panel.patterns for k in matching_keys(keys, pattern)]
+        if panel.drop_all_zero:
+            zero = [k for k in found if not any(_series(records, k)[1])]
+            silent += zero
+            found = [k for k in found if k not in zero]
+        if found:
+            drawn.append((panel, found))
+    return drawn, silent
+
+
+def y_limits(kind: str, values: Sequence[float]) -> tuple[float, float] | None:
+    """The y range of a panel of ``kind`` (:class:`Panel`) holding ``values``; None: the
+    data's own (a flat line then gets a small range around its value)."""
+    values = [v for v in values if v is not None and math.isfinite(v)]
+    if kind == "rate":
+        return -0.02, 1.02
+    if not values:
+        return None
+    low, high = min(values), max(values)
+    if kind == "share":
+        return 0.0, max(0.05, min(1.0, 1.1 * high))
+    if kind == "positive" and low >= 0:
+        return 0.0, 1.1 * high if high > 0 else 1.0
+    if kind == "explained":
+        return min(-0.1, low - 0.05 * (1 - low)), 1.05
+    return None
+
+
+def warm_start_steps(records: Sequence[Mapping[str, Any]],
+                     config: Mapping[str, Any] | None = None) -> int:
+    """``train.sft_steps`` of the run's config, else the last step that logged ``sft/loss``."""
+    configured = ((config or {}).get("train") or {}).get("sft_steps")
+    if isinstance(configured, int):
+        return configured
+    steps = [r["step"] for r in records if r.get("sft/loss") is not None]
+    return max(steps, default=0)
+
+
+def run_title(run_dir: str | Path, config: Mapping[str, Any] | None = None,
+              presets: Sequence[str] = ()) -> str:
+    """``run <id> · model <name> · <presets> · <engine>`` and a second line on the recipe,
+    from the run folder (what is not there is left out; ``presets``: those the metrics name,
+    for a folder without its config)."""
+    run_dir = Path(run_dir)
+    config = _run_config(run_dir) if config is None else config
+    run_id = None
+    try:
+        run_id = json.loads((run_dir / "run.json").read_text()).get("run_id")
+    except (OSError, ValueError, AttributeError):
+        pass
+    parts = [f"run {run_id or run_dir.name}"]
+    model = (config.get("model") or {}).get("name")
+    if model:
+        parts.append(f"model {model}")
+    presets = list(dict.fromkeys([*(config.get("train") or {}).get("presets", []),
+                                  *(config.get("val") or {}).get("presets", []), *presets]))
+    if presets:
+        parts.append(", ".join(presets))
+    backend = config.get("backend")
+    if backend:
+        parts.append({"local": "local engine", "verl": "verl + vLLM"}.get(backend, backend))
+    lines = [" · ".join(parts)]
+    recipe = []
+    sft_steps = (config.get("train") or {}).get("sft_steps")
+    if sft_steps:
+        recipe.append(f"warm start: {sft_steps} SFT step(s) (train.sft_steps)")
+    estimator = (config.get("algorithm") or {}).get("adv_estimator")
+    if estimator:
+        recipe.append(f"PPO, {estimator} advantages")
+    if recipe:
+        lines.append(", then ".join(recipe))
+    return "\n".join(lines)
+
+
+def _draw_panel(axes, panel: Panel, keys: list[str], records, references) -> None:
+    values = []
+    games = set()
+    for key in keys:
+        steps, series = _series(records, key)
+        values += series
+        label = key.split("/")[1] if panel.per_preset else key
+        line, = axes.plot(steps, series, marker="." if len(steps) < 50 else None, label=label)
+        if panel.per_preset and key.startswith("val/"):
+            band_steps, low, high = success_band(records, key)
+            if band_steps:
+                axes.fill_between(band_steps, low, high, color=line.get_color(),
+                                  alpha=BAND_ALPHA, linewidth=0)
+            games |= {int(r[key.rsplit("/", 1)[0] + "/episodes"]) for r in records
+                      if r.get(key.rsplit("/", 1)[0] + "/episodes")}
+            preset = key.split("/")[1]
+            for policy, success in references.get(preset, {}).items():
+                axes.axhline(success, color=line.get_color(), linewidth=1,
+                             linestyle=REFERENCE_STYLES.get(policy, "-."),
+                             label=f"{preset} {policy}")
+    title = panel.title
+    if games:
+        title += (f" ({'/'.join(map(str, sorted(games)))} games a preset, "
+                  "band: 95% interval)")
+    axes.set_title(title, fontsize="medium")
+    limits = y_limits(panel.kind, values)
+    if limits is not None:
+        axes.set_ylim(*limits)
+    if panel.kind == "explained":
+        axes.axhline(0.0, color="0.6", linewidth=0.8, label="_no better than the mean")
+
+
+def _mark_warm_start(axes, records, sft_steps: int, legend: bool) -> None:
+    first = min((r["step"] for r in records), default=0)
+    axes.axvspan(first - 0.5, sft_steps + 0.5, color=WARM_START_COLOR, alpha=0.12, linewidth=0)
+    axes.axvline(sft_steps + 0.5, color=WARM_START_COLOR, linestyle="-.", linewidth=1,
+                 label=(f"warm start ends (train.sft_steps={sft_steps})" if legend
+                        else "_warm start ends"))
+
+
+def _run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved config (:func:`agentrl.report.data.run_config`); {} when unreadable."""
+    from agentrl.report.data import run_config
+
+    try:
+        return run_config(run_dir)
+    except (OSError, ValueError):
+        return {}
 
 
 def reference_success(run_dir: Path, presets: list[str], groups: int
@@ -135,7 +308,8 @@ def success_band(records: list[dict[str, Any]], success_key: str
 
 def _series(records: list[dict[str, Any]], key: str) -> tuple[list[int], list[float]]:
     """The steps at which ``key`` has a value (validation runs only every few steps)."""
-    points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+    points = [(r["step"], r[key]) for r in records
+              if isinstance(r.get(key), (int, float)) and math.isfinite(r[key])]
     return [s for s, _ in points], [v for _, v in points]
 
 
