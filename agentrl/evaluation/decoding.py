@@ -33,8 +33,9 @@ class Decoding:
     """0: greedy."""
     max_context_tokens: int | None = None
     """Token budget of one episode's context; None: not stated."""
-    history_windows: dict[str, int] = field(default_factory=dict)
-    """Past turns each preset shows (0: all)."""
+    history_windows: dict[str, int | str] = field(default_factory=dict)
+    """Past turns each preset shows (0: all), or ``"state"`` for a preset whose every turn is
+    its own chat (``context: state``: :func:`history_shown`)."""
     source: str = ""
     """Where the settings came from (a run's config file, flags, defaults)."""
 
@@ -48,13 +49,29 @@ class Decoding:
             parts.append(f"context up to {self.max_context_tokens} tokens")
         if self.history_windows:
             parts.append("history " + ", ".join(
-                f"{name} {'all turns' if window == 0 else f'last {window}'}"
-                for name, window in self.history_windows.items()))
+                f"{name} {_history_words(window)}" for name, window in self.history_windows.items()))
         text = ", ".join(parts)
         return f"{text} ({self.source})" if self.source else text
 
     def to_dict(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "description": self.describe()}
+
+
+def history_shown(agent: Any) -> int | str:
+    """What a preset (an ``AgentConfig`` or its mapping) shows of past turns, as
+    ``Decoding.history_windows`` holds it: its ``history_window``, or ``"state"`` when every
+    turn is its own chat (``context: state``)."""
+    get = agent.get if isinstance(agent, Mapping) else lambda key, default: getattr(agent, key,
+                                                                                  default)
+    if get("context", "history") == "state":
+        return "state"
+    return int(get("history_window", 0) or 0)
+
+
+def _history_words(window: int | str) -> str:
+    if window == "state":
+        return "none (each turn its own chat)"
+    return "all turns" if window == 0 else f"last {window}"
 
 
 def run_decoding(config: Mapping[str, Any], source: str = "") -> Decoding:
@@ -67,7 +84,7 @@ def run_decoding(config: Mapping[str, Any], source: str = "") -> Decoding:
     constrained = (config.get("backend", "local") == "local") if setting is None else bool(setting)
     limit = val.get("max_new_tokens") or rollout.get("max_new_tokens")
     agents = config.get("agents") or {}
-    windows = {name: int((agents.get(name) or {}).get("history_window", 0))
+    windows = {name: history_shown(agents.get(name) or {})
                for name in val.get("presets") or [] if name in agents}
     return Decoding(constrained=constrained, max_new_tokens=int(limit) if limit else None,
                     temperature=0.0, max_context_tokens=rollout.get("max_context_tokens"),

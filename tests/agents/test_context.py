@@ -120,3 +120,19 @@ def test_compact_states_list_what_sits_on_another_block():
     assert env.render() == "Current state: 2 on 1\nGoal state: 3 on 1"
     assert "unlisted blocks: on the table" in env.brief_rules
     assert "unlisted" not in BlocksWorldEnv(render_style="text").brief_rules
+
+
+def test_the_decoding_line_says_a_state_preset_shows_no_past_turn():
+    """``agentrl eval`` and ``play --model`` describe a run's presets: a ``context: state``
+    preset keeps no past turn (its ``history_window`` 0 does not mean "all turns" there)."""
+    from agentrl.evaluation.decoding import Decoding, history_shown, run_decoding
+
+    assert history_shown(PRESETS[DEFAULT]) == "state"
+    assert history_shown(history_layout()) == 1
+    assert history_shown(PRESETS["banditAgent"]) == 0
+    run = {"val": {"presets": [DEFAULT, "banditAgent"]},
+           "agents": {DEFAULT: dataclasses.asdict(PRESETS[DEFAULT]), "banditAgent": {}}}
+    decoding = run_decoding(run)
+    assert decoding.history_windows == {DEFAULT: "state", "banditAgent": 0}
+    assert (f"history {DEFAULT} none (each turn its own chat), banditAgent all turns"
+            in Decoding(constrained=True, history_windows=decoding.history_windows).describe())
