@@ -5,8 +5,11 @@ one JSON-able dict (the page's embedded data).
   ``config.yaml`` (local runs), flattened to ``key: value`` rows (the agent presets left out),
   after the run's best checkpoint by held-out validation (``checkpoints/best.json``).
 - **Curves**: ``metrics.jsonl``: per preset ``success``, ``return``, ``format_error``,
-  ``action_is_valid``, ``turns``, ``response_length`` (train and val), and the trainer's losses,
-  entropy, KL and step time, values rounded to 4 significant digits.
+  ``action_is_valid``, ``turns``, ``response_length`` (train and val), and the trainer's health
+  and losses, values rounded to 4 significant digits; drawn as the charts of :func:`charts`, the
+  panels of the learning-curve PNG (:data:`agentrl.trainers.plots.PANELS`: each on its own
+  axes, rates on [0, 1], a KL 0 on every step left out), the warm start
+  (``train.sft_steps``) marked.
 - **Reference lines**: random and oracle success per preset, from ``agentrl eval --policy
   random|oracle --out FILE`` results given with ``--reference``, and (unless turned off) from
   the oracle and random policies played now on the run's own validation seeds
@@ -29,16 +32,28 @@ from agentrl.evaluation.references import REFERENCE_POLICIES, played_references
 from agentrl.evaluation.stats import rounded
 from agentrl.trainers.checkpoint import read_best
 from agentrl.trainers.episode_log import read_episodes, step_files
+from agentrl.trainers.plots import PANELS, panel_keys, run_title, warm_start_steps, y_limits
 from agentrl.trainers.tracking import read_metrics
 
-__all__ = ["CURVE_SUFFIXES", "TRAINER_KEYS", "eval_data", "read_eval_file", "run_data", "spread"]
+__all__ = ["CURVE_SUFFIXES", "TRAINER_KEYS", "charts", "eval_data", "read_eval_file", "run_data",
+           "spread"]
 
 CURVE_SUFFIXES = ("success", "return", "format_error", "action_is_valid", "turns",
                   "response_length")
 """Per-preset metrics drawn (``train/<preset>/<suffix>`` and ``val/<preset>/<suffix>``)."""
-TRAINER_KEYS = ("actor/pg_loss", "critic/vf_loss", "actor/entropy", "actor/ppo_kl", "actor/kl",
-                "actor/kl_loss", "actor/grad_norm", "timing/step_s", "timing_s/step")
+EXTRA_CHARTS = (("grad norm", ("actor/grad_norm",), "gradient norm before clipping", "positive"),
+                ("seconds a step", ("timing/step_s", "timing_s/step"), "seconds", "positive"))
+"""Charts of the page beyond the PNG's panels: (title, keys, y label, range kind)."""
+TRAINER_KEYS = tuple(dict.fromkeys(
+    [p for panel in PANELS if not panel.per_preset for p in panel.patterns]
+    + [key for _, keys, _, _ in EXTRA_CHARTS for key in keys]))
 """Trainer metrics drawn when present (local and verl names)."""
+SUFFIX_CHARTS = {"return": ("return", "return per episode", "value"),
+                 "format_error": ("format error", "share of replies", "rate"),
+                 "action_is_valid": ("valid actions", "share of actions", "rate"),
+                 "turns": ("turns", "turns per episode", "positive"),
+                 "response_length": ("reply length", "tokens per reply", "positive")}
+"""Per-preset metrics other than success: (title, y label, range kind), train and val lines."""
 SUMMARY_KEYS = ("experiment", "backend", "model.name", "train.presets", "val.presets",
                 "train.total_steps", "train.group_num", "train.group_size", "val.group_num",
                 "val.test_freq", "algorithm.adv_estimator", "actor.lr", "rollout.temperature",
@@ -103,6 +118,59 @@ def _curves(records: list[dict[str, Any]]) -> dict[str, Any]:
         if points:
             series[key] = points
     return series
+
+
+def charts(series: Mapping[str, list], presets: Sequence[str],
+           references: Mapping[str, Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """The page's charts: ``{"title", "ylabel", "y": [low, high] or None (the data's own),
+    "lines": [{"key", "name", "split"}], "refs": [{"name", "value", "policy"}]}``. Success per
+    preset (train and held-out, the random and oracle lines), the other per-preset metrics, then
+    the PNG's health and loss panels, each on its own axes."""
+    made = []
+
+    def add(title, ylabel, kind, lines, refs=()):
+        lines = [line for line in lines if series.get(line["key"])]
+        if not lines:
+            return
+        values = [p[1] for line in lines for p in series[line["key"]]]
+        limits = (0, 1) if kind == "rate" else y_limits(kind, values)  # the page draws no margin
+        made.append({"title": title, "ylabel": ylabel, "lines": lines, "refs": list(refs),
+                     "y": None if limits is None else [_tidy(v) for v in limits]})
+
+    for preset in presets:
+        refs = [{"name": f"{policy} ({ref['success']})", "value": ref["success"],
+                 "policy": policy}
+                for policy, ref in references.get(preset, {}).items()
+                if ref.get("success") is not None]
+        add(f"success: {preset}", "success rate (train sampled, val greedy)", "rate",
+            [{"key": f"{split}/{preset}/success", "name": f"{split} success", "split": split}
+             for split in ("train", "val")], refs)
+    for suffix, (title, ylabel, kind) in SUFFIX_CHARTS.items():
+        add(title, ylabel, kind,
+            [{"key": f"{split}/{preset}/{suffix}", "name": f"{split} {preset}", "split": split}
+             for preset in presets for split in ("train", "val")])
+    records = _records(series)
+    for panel, keys in panel_keys(records)[0]:
+        if not panel.per_preset:
+            add(panel.title, panel.ylabel, panel.kind,
+                [{"key": key, "name": key, "split": ""} for key in keys])
+    for title, keys, ylabel, kind in EXTRA_CHARTS:
+        add(title, ylabel, kind, [{"key": key, "name": key, "split": ""} for key in keys])
+    return made
+
+
+def _records(series: Mapping[str, list]) -> list[dict[str, Any]]:
+    """The series back as per-step records (what :func:`panel_keys` reads)."""
+    by_step: dict[int, dict[str, Any]] = {}
+    for key, points in series.items():
+        for step, value in points:
+            by_step.setdefault(step, {"step": step})[key] = value
+    return [by_step[step] for step in sorted(by_step)]
+
+
+def _tidy(value: float) -> float | int:
+    """A range end as the page writes it: 0 and 1, not 0.0 and 1.0."""
+    return int(value) if float(value).is_integer() else rounded(value)
 
 
 def _presets(series: Mapping[str, Any], config: Mapping[str, Any]) -> list[str]:
@@ -193,6 +261,9 @@ def run_data(run_dir: str | Path, *, reference_files: Iterable[str | Path] = (),
         extra.append(("decoding", "validation " + run_decoding(config).describe()))
     extra.append(("best checkpoint", _best_checkpoint(run_dir)))
     return {"kind": "run", "title": f"agentrl run {run.get('run_id') or run_dir.name}",
+            "subtitle": run_title(run_dir, config, presets),
+            "warm_start": warm_start_steps(records, config),
+            "charts": charts(series, presets, references),
             "config": _summary(config, extra), "series": series, "presets": presets,
             "references": references, "table": _table(presets, series, references),
             "episodes": {str(step): recs for step, recs in episodes.items()},
@@ -254,5 +325,6 @@ def eval_data(path: str | Path) -> dict[str, Any]:
         extra.append(("decoding", "not recorded (a file of an older agentrl eval)"))
     return {"kind": "eval", "title": f"agentrl eval {path.name}",
             "config": {"summary": [[k, v] for k, v in extra], "all": []}, "series": {},
+            "subtitle": "", "warm_start": 0, "charts": [],
             "presets": presets, "references": {}, "table": table,
             "episodes": {"eval": data.get("episodes", [])}, "episode_steps_total": 1}

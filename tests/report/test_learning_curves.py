@@ -114,3 +114,75 @@ def test_the_warm_start_is_marked_on_every_panel_and_steps_are_integers(figure):
     legend = panels(figure)
     assert any("train.sft_steps=1" in line.get_label()
                for axes in legend.values() for line in axes.get_lines())
+
+
+def test_the_report_draws_the_same_panels_with_honest_ranges(tmp_path):
+    from agentrl.report.data import run_data
+
+    data = run_data(short_run(tmp_path / "run"), play_references=False)
+    charts = {chart["title"]: chart for chart in data["charts"]}
+    assert data["warm_start"] == SFT_STEPS
+    for part in (RUN_ID, "tiny", PRESET, "local"):
+        assert part in data["subtitle"], data["subtitle"]
+    keys = {title: [line["key"] for line in chart["lines"]] for title, chart in charts.items()}
+    for title in ("critic explained variance", "clip fraction", "KL", "entropy per choice",
+                  "value loss", "policy loss", "SFT loss"):
+        assert title in charts, sorted(charts)
+    assert keys["value loss"] == ["critic/vf_loss"] and keys["KL"] == ["actor/approx_kl"]
+    assert not any("actor/ppo_kl" in k for k in keys.values())  # 0 on every step
+    assert charts["format error"]["y"] == [0, 1]  # a flat 0 rate, not -1..1
+    assert charts["clip fraction"]["y"][0] == 0
+    success = charts[f"success: {PRESET}"]
+    assert success["y"] == [0, 1] and {"train", "val"} <= {line["split"] for line in
+                                                           success["lines"]}
+    assert all(chart["ylabel"] for chart in charts.values())
+
+
+NODE_DOM = """
+class N { constructor(tag) { Object.assign(this, {tag, attrs: {}, children: [], style: {},
+  textContent: ""}); }
+  setAttribute(k, v) { this.attrs[k] = v; } append(...c) { this.children.push(...c); }
+  replaceChildren(...c) { this.children = c; } addEventListener() {} click() {} }
+const nodes = {};
+Object.assign(global, {Node: N, location: {hash: ""}, history: {replaceState() {}},
+  performance: {now: () => 1}, document: {body: new N("body"), title: "",
+  createElement: t => new N(t), createElementNS: (n, t) => new N(t),
+  createTextNode: t => Object.assign(new N("#text"), {textContent: t}),
+  getElementById: id => nodes[id] || (nodes[id] = Object.assign(new N("div"),
+    {textContent: id === "data" ? DATA_TEXT : ""}))}});
+"""
+NODE_WALK = """
+const charts = [];
+(function walk(n, chart) {
+  if (n.attrs && n.attrs["data-title"]) charts.push(chart = {title: n.attrs["data-title"], texts: []});
+  if (chart && n.tag === "text") chart.texts.push(n.textContent);
+  if (chart && n.attrs && n.attrs.class === "warm-start") chart.warm = true;
+  (n.children || []).forEach(c => walk(c, chart));
+})(nodes["curves"]);
+console.log(JSON.stringify(charts));
+"""
+
+
+@pytest.mark.skipif(__import__("shutil").which("node") is None, reason="needs node")
+def test_the_page_script_draws_each_chart_on_its_range(tmp_path):
+    """The page's own script, run by node on a stub DOM: the y-axis ends it writes."""
+    import re
+    import subprocess
+
+    from agentrl.report import write_report
+
+    html = write_report(short_run(tmp_path / "run"), play_references=False).read_text()
+    data = re.search(r'<script type="application/json" id="data">(.*?)</script>', html,
+                     re.S).group(1)
+    code = html.rsplit("<script>", 1)[1].split("</script>")[0]
+    script = tmp_path / "page.js"
+    script.write_text(f"const DATA_TEXT = {json.dumps(data)};\n{NODE_DOM}\n"
+                      f"{code.replace(chr(34) + 'use strict' + chr(34) + ';', '')}\n{NODE_WALK}")
+    done = subprocess.run(["node", str(script)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    drawn = {chart["title"]: chart for chart in json.loads(done.stdout)}
+    # the axis texts: y low, y high, x low, x high, "step"
+    assert drawn["format error"]["texts"][:2] == ["0", "1"]  # a flat 0 rate: 0..1, not -1..1
+    assert drawn["clip fraction"]["texts"][0] == "0"
+    assert all(chart["texts"][2:5] == ["0", "3", "step"] for chart in drawn.values())
+    assert all(chart.get("warm") for chart in drawn.values())  # the warm start on each
