@@ -186,10 +186,11 @@ def test_evaluating_a_run_gives_its_last_validation_numbers(tiny_run, tmp_path, 
                 (preset, name)
     decoding = data["decoding"]
     assert decoding["constrained"] is True and decoding["max_new_tokens"] == 24
-    assert decoding["history_windows"] == {"banditAgent": 0, "tightBlocksworldTurnsAgent": 1}
+    assert decoding["history_windows"] == {"banditAgent": 0, "tightBlocksworldTurnsAgent": "state"}
     assert data["model"]["sampling"]["constrained_actions"] is True
     assert "decoding: greedy, constrained to valid actions, replies up to 24 tokens" in printed
-    assert "tightBlocksworldTurnsAgent last 1" in printed and "the run's config" in printed
+    assert ("tightBlocksworldTurnsAgent none (each turn its own chat)" in printed
+            and "the run's config" in printed)
 
 
 def test_a_flag_overrides_the_runs_decoding_and_says_so(tiny_run, tmp_path, capsys):

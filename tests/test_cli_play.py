@@ -148,7 +148,8 @@ def test_a_runs_model_plays_with_the_runs_preset_and_decoding(tiny, tmp_path):
     shown = out.getvalue()
     assert "plays as tightBlocksworldTurnsAgent" in shown
     assert ("decoding: greedy, constrained to valid actions, replies up to 24 tokens, context up "
-            "to 2048 tokens, history tightBlocksworldTurnsAgent last 1 (the run's config") in shown
+            "to 2048 tokens, history tightBlocksworldTurnsAgent none (each turn its own chat) (the "
+            "run's config") in shown
     assert "-- turn 2 --" in shown and "-- turn 3 --" not in shown  # the run's max_turns
     assert "INVALID" not in shown and "format error" not in shown
 

@@ -114,7 +114,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--threads", type=positive_int, default=None,
                         help="torch CPU threads (default: torch's choice; 1 is often faster on "
                              "a busy machine)")
-    parser.add_argument("--seed", type=int, default=0,
+    parser.add_argument("--seed", type=non_negative_int, default=0,
                         help="seeds the random policy and the sampler (default 0)")
     parser.add_argument("--log-episodes", type=non_negative_int, default=8,
                         help="episode records (turn by turn) kept in the JSON per preset, for "
@@ -283,7 +283,7 @@ def _decoding(args: argparse.Namespace, presets: dict[str, Any], settings):
     """The presets as they play and how replies are decoded: a flag, else the run's
     validation (``settings``), else greedy, free, each preset's own reply limit."""
     from agentrl.cli.run_settings import played_presets
-    from agentrl.evaluation.decoding import Decoding
+    from agentrl.evaluation.decoding import Decoding, history_shown
 
     run = settings.decoding if settings is not None else None
     limit = args.max_new_tokens or (run.max_new_tokens if run else None)
@@ -302,7 +302,7 @@ def _decoding(args: argparse.Namespace, presets: dict[str, Any], settings):
         source += f", with {', '.join(flags)}"
     return presets, Decoding(constrained=constrained, max_new_tokens=limit,
                              temperature=args.temperature, max_context_tokens=context,
-                             history_windows={name: config.history_window
+                             history_windows={name: history_shown(config)
                                               for name, config in presets.items()},
                              source=source)
 

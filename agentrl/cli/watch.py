@@ -99,7 +99,7 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     from agentrl.rollout import run_episode
 
     from agentrl.cli.run_settings import played_presets, run_settings
-    from agentrl.evaluation.decoding import Decoding
+    from agentrl.evaluation.decoding import Decoding, history_shown
 
     settings = run_settings(args.model)  # a run's model plays as the run validated
     name, config = agent_preset_for(
@@ -121,7 +121,7 @@ def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
     decoding = Decoding(constrained=constrained,
                         max_new_tokens=limit or config.max_response_tokens,
                         temperature=args.temperature, max_context_tokens=context,
-                        history_windows={name: config.history_window},
+                        history_windows={name: history_shown(config)},
                         source=source + (f", with {', '.join(flags)}" if flags else ""))
     check_device(args.device)
     say = lambda text="": print(text, file=out, flush=True)  # noqa: E731
