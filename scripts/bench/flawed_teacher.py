@@ -1,0 +1,322 @@
+"""Can RL beat a flawed teacher? The share of a random opening's cost that PPO wins back.
+
+PPO from a warm start whose demonstrations open with a random move, against the clean warm
+start, on the same held-out games, paired.
+
+    python scripts/bench/flawed_teacher.py                  # tightBlocksworldTurnsAgent, 3 seeds, 30 PPO min
+    python scripts/bench/flawed_teacher.py --only-seed 0 threads=2
+    python scripts/bench/flawed_teacher.py --seeds 1 --steps 1 --val-groups 2 --sft-episodes 4 \\
+        --sft-epochs 1 model=tiny threads=1                 # a smoke run
+    agentrl bench flawed_teacher [the same options]
+
+Per training seed:
+
+1. **Clean warm start**: the learning benchmark's SFT stage (scripts/bench/learn.py: oracle
+   demonstrations, ``--sft-episodes`` x ``--sft-epochs``), in ``<--run-dir>/sft/``.
+2. **Flawed warm start**: the same stage with ``sft.flawed_first_move=true``: every
+   demonstration opens with a random legal move that is learned (not masked out, unlike
+   ``sft.random_action_share``'s random turns), then the oracle plays on from the board it left
+   (agentrl/rollout/demonstrations.py). Same games, same budget, in ``<--run-dir>/flawed/sft/``.
+3. **PPO from the flawed warm start** (learn.py's PPO stage) for ``--steps`` steps or
+   ``--minutes`` of training, whichever ends first, in ``<--run-dir>/flawed/sft_ppo/``.
+4. **Paired evaluation**: each of the three models plays the same ``--val-groups``
+   instance-disjoint held-out games greedy (constrained decoding, as PPO validates), one
+   episode a game, each game's win recorded (``<--run-dir>/paired/<model>/``).
+
+Reported per seed and on the mean over seeds: the three success rates; the gap the flaw costs,
+``clean - flawed``; ``gap_closed = (flawed_ppo - flawed) / (clean - flawed)``, null when the gap
+is <= 0 (no flaw to close); and McNemar's exact test of each pair on the same games (the games
+one won and the other lost, and the two-sided binomial p of that split under "no difference"):
+``flawed_ppo`` against ``flawed`` (did PPO gain?) and ``flawed`` against ``clean`` (is the flaw
+real?); ``pooled`` adds those counts over seeds. The pass mark (the issue's): the mean's
+``gap_closed`` >= 0.5. JSON to ``--out`` (``gap_closed`` per seed and on the mean, each game's
+wins, the PPO run's health numbers as scripts/bench/pool.py reports them), the plot beside it.
+
+Stages resume as the learning benchmark's (``stage.json`` per folder; other settings refused);
+the warm starts are not PPO's budget (uncapped). Checkpoints this process trained are deleted at
+its end unless ``--keep-checkpoints``.
+
+Expected time (embedded SmolLM2-135M, 2 CPU cores): a warm start of 192 demonstrations x 1
+epoch ~25 min, 128 greedy held-out games ~4 min, so a seed is about 2 x 25 + 30 + 5 x 4 = 100
+min (each warm start and the PPO run evaluate too), 3 seeds about 5 hours; ``--only-seed`` splits
+them over processes sharing ``--run-dir``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import gc
+import math
+import statistics
+from pathlib import Path
+from typing import Any
+
+from agentrl.cli.bench import script_module, write_result
+from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.evaluation import evaluate
+
+LEARN = script_module(Path(__file__).parent / "learn.py")
+"""The warm-start and PPO stages, their configs and stage records (scripts/bench/learn.py)."""
+POOL = script_module(Path(__file__).parent / "pool.py")
+"""The PPO run's health numbers (scripts/bench/pool.py)."""
+FLAWED = "sft.flawed_first_move=true"
+MODELS = ("clean", "flawed", "flawed_ppo")
+PASS_MARK = 0.5
+"""Share of the clean-flawed gap PPO must close, on the mean over seeds."""
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="tightBlocksworldTurnsAgent")
+    parser.add_argument("--seeds", type=int, default=3, help="training seeds (default 3)")
+    parser.add_argument("--only-seed", type=int, action="append", default=None, metavar="S",
+                        help="run only training seed S of the --seeds (repeatable)")
+    parser.add_argument("--steps", type=int, default=200,
+                        help="most PPO steps (default 200; --minutes usually ends it first)")
+    parser.add_argument("--minutes", type=float, default=30.0,
+                        help="PPO's training wall budget per seed (default 30)")
+    parser.add_argument("--sft-episodes", type=int, default=192,
+                        help="demonstrations of each warm start (default 192, quick_train.sh's)")
+    parser.add_argument("--sft-epochs", type=int, default=1,
+                        help="warm-start epochs (default 1)")
+    parser.add_argument("--val-groups", type=int, default=128,
+                        help="held-out games, the same for every model (default 128)")
+    parser.add_argument("--run-dir", default="bench_results/flawed_teacher_runs",
+                        help="folder of the stage folders (reused: a stopped benchmark resumes)")
+    parser.add_argument("--out", default="bench_results/flawed_teacher.json",
+                        help="JSON output path; the plot goes beside it as .png")
+    parser.add_argument("--keep-checkpoints", action="store_true",
+                        help="keep the checkpoints of the stages this run trains")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides of every stage")
+    args = parser.parse_args(argv)
+    for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups"):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.minutes <= 0:
+        parser.error("--minutes must be > 0")
+    if args.only_seed and not all(0 <= seed < args.seeds for seed in args.only_seed):
+        parser.error(f"--only-seed must be a training seed of --seeds {args.seeds}: "
+                     f"0..{args.seeds - 1}")
+    if any(o.split("=", 1)[0].strip() == "sft.flawed_first_move" for o in args.overrides):
+        parser.error("sft.flawed_first_move is the benchmark's to set (the flawed stages "
+                     "only); allowed: other overrides")
+    args.run_dir = Path(args.run_dir).resolve()
+    # what learn.py's stages read from its own arguments
+    args.val_every, args.arms = args.steps, 4
+    return args
+
+
+# -- statistics ----------------------------------------------------------------------------------
+def mcnemar(a: list[bool], b: list[bool]) -> dict[str, Any]:
+    """McNemar's exact test of two players on the same games: ``only_a`` (games ``a`` won and
+    ``b`` lost), ``only_b``, and the two-sided p of that split under Binomial(n, 1/2), n the
+    discordant games (1.0 when there are none)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired results need the same games, got {len(a)} and {len(b)}")
+    only_a = sum(x and not y for x, y in zip(a, b))
+    only_b = sum(y and not x for x, y in zip(a, b))
+    return {"only_a": only_a, "only_b": only_b, "p": binomial_p(only_a, only_b)}
+
+
+def binomial_p(only_a: int, only_b: int) -> float:
+    """Two-sided exact p of ``only_a`` against ``only_b`` discordant games under p = 1/2."""
+    n = only_a + only_b
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def gap_closed(clean: float, flawed: float, flawed_ppo: float) -> float | None:
+    """``(flawed_ppo - flawed) / (clean - flawed)``: the share of the flaw's cost PPO won back;
+    None when the gap is <= 0 (the flaw cost nothing to close)."""
+    gap = clean - flawed
+    return None if gap <= 0 else (flawed_ppo - flawed) / gap
+
+
+# -- stages --------------------------------------------------------------------------------------
+def stage_configs(args: argparse.Namespace) -> dict[str, Any]:
+    """learn.py's configs of each stage: the warm starts uncapped (not PPO's budget), the flawed
+    ones with ``sft.flawed_first_move=true`` in their own folder."""
+    def configs(**changes: Any) -> Any:
+        return LEARN.Configs(argparse.Namespace(**{**vars(args), **changes}))
+
+    flawed = {"run_dir": args.run_dir / "flawed", "overrides": [*args.overrides, FLAWED]}
+    return {"clean_sft": configs(minutes=None), "flawed_sft": configs(minutes=None, **flawed),
+            "flawed_ppo": configs(**flawed), "paired": configs(run_dir=args.run_dir / "paired")}
+
+
+def held_out_wins(config: Any) -> list[bool]:
+    """Each held-out game's win (in the split's seed order) of ``config.model``, greedy and
+    constrained as PPO's validation and learn.py's evaluation play."""
+    import torch
+
+    from agentrl.models import load_model
+
+    if config.threads > 0:
+        torch.set_num_threads(config.threads)
+    model, tokenizer = load_model(config.model.name, dtype="float32",
+                                  chat_template=config.model.chat_template)
+    r = config.rollout
+    tokens = config.val.max_new_tokens or r.max_new_tokens
+    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed,
+                      prefix_cache_tokens=r.prefix_cache_tokens,
+                      compute_dtype=None if config.model.dtype == "float32" else config.model.dtype)
+    try:
+        result = asyncio.run(evaluate(
+            dict(config.playing_presets(config.val.presets, tokens)), llm,
+            groups=config.val.group_num, tokenizer=tokenizer,
+            sampling=SamplingParams(greedy=True, max_new_tokens=tokens,
+                                    constrained_actions=config.constrained_actions),
+            max_context_tokens=r.max_context_tokens, label="paired"))
+    finally:
+        llm.close()
+        del model
+        gc.collect()
+    won = {t.seed: bool(t.success) for t in result.trajectories}
+    return [won[seed] for seed in result.seeds]
+
+
+def paired_folder(configs: dict[str, Any], name: str, seed: int) -> Path:
+    return configs["paired"].args.run_dir / name / f"seed_{seed}"
+
+
+def paired_stage(configs: dict[str, Any], name: str, seed: int, trained: dict[str, Any]
+                 ) -> dict[str, Any]:
+    """The held-out wins of the checkpoint of ``trained`` (a stage record), per game."""
+    paired = configs["paired"]
+    args = paired.args
+    folder = paired_folder(configs, name, seed)
+    settings = paired.settings(model=name, checkpoint=trained["checkpoint"])
+    if (record := LEARN.cached_stage(folder, settings)) is not None:
+        return record
+    owner = configs["flawed_ppo" if name == "flawed_ppo" else f"{name}_sft"].args
+    config = paired.build(constrained=True, seed=seed,
+                          model=str(LEARN.located(owner, trained["checkpoint"])))
+    wins = held_out_wins(config)
+    return LEARN.save_stage(folder, settings, {"wins": wins, "success": sum(wins) / len(wins),
+                                               "games": len(wins)})
+
+
+def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
+    """The three models of one training seed, their paired held-out wins and the comparison."""
+    done = {name: (paired_folder(configs, name, seed) / LEARN.STAGE_FILE).is_file()
+            for name in MODELS}
+    clean = LEARN.sft_stage(configs["clean_sft"], seed, need_checkpoint=not done["clean"])
+    paired = {"clean": paired_stage(configs, "clean", seed, clean)}
+    ppo_folder = configs["flawed_ppo"].args.run_dir / "sft_ppo" / f"seed_{seed}"
+    ppo_done = (ppo_folder / LEARN.STAGE_FILE).is_file()
+    flawed = LEARN.sft_stage(configs["flawed_sft"], seed,
+                             need_checkpoint=not (done["flawed"] and ppo_done))
+    paired["flawed"] = paired_stage(configs, "flawed", seed, flawed)
+    # PPO's whole --minutes: the warm start is not its budget (as scripts/bench/pool.py)
+    ppo = LEARN.ppo_stage(configs["flawed_ppo"], "sft_ppo", seed,
+                          {**flawed, "train_minutes": 0.0})
+    paired["flawed_ppo"] = paired_stage(configs, "flawed_ppo", seed, ppo)
+    wins = {name: paired[name]["wins"] for name in MODELS}
+    success = {name: paired[name]["success"] for name in MODELS}
+    return {"seed": seed, **success, "gap": success["clean"] - success["flawed"],
+            "gap_closed": gap_closed(*(success[name] for name in MODELS)),
+            "mcnemar": {"flawed_ppo_vs_flawed": mcnemar(wins["flawed_ppo"], wins["flawed"]),
+                        "flawed_vs_clean": mcnemar(wins["flawed"], wins["clean"])},
+            "wins": wins, "games": len(wins["clean"]),
+            "warm_start_demonstrations": {"clean": clean["demonstrations"],
+                                          "flawed": flawed["demonstrations"]},
+            "ppo_steps": ppo["steps"], "ppo_train_minutes": ppo["train_minutes"],
+            "ppo_validation": ppo["after"], "health": POOL.health(ppo_folder),
+            "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
+
+
+def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    """The mean over seeds: success rates, gap, gap_closed of the means, pooled McNemar."""
+    mean = {name: statistics.fmean(r[name] for r in runs) for name in MODELS}
+    pooled = {}
+    for pair in ("flawed_ppo_vs_flawed", "flawed_vs_clean"):
+        only_a = sum(r["mcnemar"][pair]["only_a"] for r in runs)
+        only_b = sum(r["mcnemar"][pair]["only_b"] for r in runs)
+        pooled[pair] = {"only_a": only_a, "only_b": only_b, "p": binomial_p(only_a, only_b)}
+    return {**mean, "gap": mean["clean"] - mean["flawed"],
+            "gap_closed": gap_closed(*(mean[name] for name in MODELS)), "pooled": pooled}
+
+
+# -- output --------------------------------------------------------------------------------------
+def show(result: dict[str, Any]) -> None:
+    def cell(value: float | None, fmt: str) -> str:
+        return "-" if value is None else format(value, fmt)
+
+    print(f"{'seed':>5} {'clean':>6} {'flawed':>7} {'+PPO':>6} {'gap':>6} {'closed':>7} "
+          f"{'PPO won/lost':>12} {'p':>7} {'flaw p':>7} {'steps':>5}")
+    for r in result["runs"]:
+        test, flaw = r["mcnemar"]["flawed_ppo_vs_flawed"], r["mcnemar"]["flawed_vs_clean"]
+        print(f"{r['seed']:>5} {r['clean']:>6.1%} {r['flawed']:>7.1%} {r['flawed_ppo']:>6.1%} "
+              f"{r['gap']:>+6.1%} {cell(r['gap_closed'], '>7.2f'):>7} "
+              f"{test['only_a']:>5}/{test['only_b']:<6} {test['p']:>7.3f} {flaw['p']:>7.3f} "
+              f"{r['ppo_steps']:>5}")
+    m = result["mean"]
+    test, flaw = m["pooled"]["flawed_ppo_vs_flawed"], m["pooled"]["flawed_vs_clean"]
+    print(f"{'mean':>5} {m['clean']:>6.1%} {m['flawed']:>7.1%} {m['flawed_ppo']:>6.1%} "
+          f"{m['gap']:>+6.1%} {cell(m['gap_closed'], '>7.2f'):>7} "
+          f"{test['only_a']:>5}/{test['only_b']:<6} {test['p']:>7.3f} {flaw['p']:>7.3f}")
+    verdict = ("no gap to close" if m["gap_closed"] is None else
+               f"{'passes' if result['passed'] else 'misses'} the mark of {PASS_MARK}")
+    print(f"gap_closed on the mean: {cell(m['gap_closed'], '.2f')} ({verdict}); "
+          f"{result['val_games']} held-out games a model, greedy, paired")
+
+
+def plot(result: dict[str, Any], path: Path) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [*result["runs"], {"seed": "mean", **result["mean"]}]
+    labels = {"clean": "clean warm start", "flawed": "flawed warm start",
+              "flawed_ppo": "flawed + PPO"}
+    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    width = 0.8 / len(MODELS)
+    for i, name in enumerate(MODELS):
+        ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[name] for r in rows], width,
+               label=labels[name])
+    for x, row in enumerate(rows):
+        if row.get("gap_closed") is not None:
+            ax.annotate(f"closed {row['gap_closed']:.2f}", (x, 1.0), ha="center", fontsize=7)
+    ax.set_xticks(range(len(rows)), [f"seed {r['seed']}" if r["seed"] != "mean" else "mean"
+                                     for r in rows])
+    ax.set(ylabel="held-out greedy success", ylim=(0, 1.08),
+           title=f"RL against a flawed teacher ({result['preset']}, "
+                 f"{result['val_games']} games)")
+    ax.legend(fontsize=7, loc="upper left")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    args = parse_args(argv)
+    LEARN.TRAINED_STAGES.clear()  # this call's stages only (tests call main more than once)
+    configs = stage_configs(args)
+    runs = [run_seed(configs, seed) for seed in (args.only_seed or range(args.seeds))]
+    if not args.keep_checkpoints:
+        LEARN.prune_checkpoints(LEARN.TRAINED_STAGES)
+    mean = summarize(runs)
+    result = {"preset": args.preset, "seeds": [r["seed"] for r in runs],
+              "val_games": args.val_groups, "minutes": args.minutes, "steps": args.steps,
+              "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
+              "overrides": args.overrides, "pass_mark": PASS_MARK,
+              "gap_closed": mean["gap_closed"],
+              "gap_closed_per_seed": [r["gap_closed"] for r in runs],
+              "passed": mean["gap_closed"] is not None and mean["gap_closed"] >= PASS_MARK,
+              "mean": mean, "runs": runs, "run_dir": str(args.run_dir)}
+    show(result)
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    result["plot"] = str(plot(result, out.with_suffix(".png")))
+    write_result(out, result)
+    return result
+
+
+if __name__ == "__main__":
+    main()
