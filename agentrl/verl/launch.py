@@ -187,7 +187,7 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     overrides = verl_overrides(config, paths)
     verl_config = compose_verl_config(overrides)
     constrained.check_verl_config(verl_config)
-    preflight.check_dispatch(verl_config)
+    preflight.check_dispatch(verl_config, preflight.rows_vary(config))
     report = [preflight.describe(config), *(f"preflight: {note}" for note in notes)]
     command = launch_command(overrides, config)
     env = launch_env(config)

@@ -11,7 +11,12 @@ rollout. :func:`check_dispatch` repeats them, each with the line of verl it mirr
 - the step's ``train_batch_size * rollout.n`` trajectories split evenly over the data-parallel
   ranks (``DataProto.chunk``) and over the agent-loop workers (``AgentLoopManager``, legacy);
 - each rank's share in whole no-grad micro-batches (``rollout.log_prob_micro_batch_size_per_gpu``,
-  and the reference's: ``workers/engine/utils.prepare_micro_batches``);
+  and the reference's: ``workers/engine/utils.prepare_micro_batches``). On the V1 trainer with a
+  windowed training preset a step's row count is known only after its rollout (one row per
+  context window): V1 pads the rows to a multiple of lcm(dp, the critic's and the actor's
+  mini-batch rows) (``v1/trainer_base._get_required_batch_multiple``) and gives every rank an
+  equal part, so a rank's share is some multiple of that lcm ÷ dp (:func:`v1_rank_rows`), and a
+  no-grad micro-batch must divide the unit itself;
 - the mini-batch (``ppo_mini_batch_size * rollout.n``) over the ranks
   (``engine_workers.train_mini_batch``), a rank's share of the batch in whole mini-batches
   (``tensordict_utils.make_iterator``) and a rank's mini-batch in whole micro-batches;
@@ -38,7 +43,8 @@ from typing import Any
 from agentrl.config import TrainConfig
 
 __all__ = ["GB", "MODEL_SIZES", "ModelSize", "MemoryEstimate", "card_memory_gb",
-           "check_dispatch", "describe", "estimate_memory", "fit", "largest_divisor"]
+           "check_dispatch", "describe", "estimate_memory", "fit", "largest_divisor",
+           "rows_vary", "v1_rank_rows"]
 
 GB = 1e9
 MARGIN_GB = 4.0
@@ -138,6 +144,39 @@ def _shares(config: TrainConfig) -> tuple[int, int, int]:
     return gpus, max(1, batch // gpus), max(1, mini // gpus)
 
 
+def rows_vary(config: TrainConfig) -> bool:
+    """A step's row count is known only after its rollout: verl's V1 trainer with a windowed
+    training preset (one row per context window, :mod:`agentrl.verl.windows`)."""
+    return config.verl.trainer == "v1" and any(config.agents[name].windowed
+                                               for name in config.train.presets)
+
+
+def v1_rank_rows(dp: int, n: int, actor_mini: int, critic_mini: int, use_critic: bool,
+                 critic_warmup: int) -> int:
+    """The rows of which every rank's share of a V1 step is a whole multiple, whatever the
+    step's row count. verl 0.9.1's V1 pads a step's rows to a multiple of
+    ``_get_required_batch_multiple(dp)``: lcm(dp, the critic's mini-batch rows), and the
+    actor's too from step ``trainer.critic_warmup`` on (its steps count from 1), then splits
+    them equally over the ``dp`` ranks (``_balance_batch``). Mini-batches count groups of
+    ``n`` rows (``ppo_mini_batch_size * rollout.n``)."""
+    warm = math.lcm(dp, critic_mini * n) if use_critic else dp
+    full = math.lcm(warm, actor_mini * n)
+    return (warm if critic_warmup > 1 else full) // dp   # warm divides full
+
+
+def _no_grad_rows(config: TrainConfig) -> int:
+    """The rows a GPU's no-grad micro-batches must split: its share of a step, or, where a
+    step's row count varies (:func:`rows_vary`), V1's unit of a rank's share."""
+    gpus, share, _ = _shares(config)
+    if not rows_vary(config):
+        return share
+    groups = (config.actor.ppo_mini_batch_size
+              or config.train.group_num * config.train.group_size) // config.train.group_size
+    warmup = config.critic.pretrain_steps + 1 if config.critic.pretrain_steps else 0
+    return v1_rank_rows(gpus, config.train.group_size, groups, groups,
+                        config.algorithm.adv_estimator == "gae", warmup)
+
+
 def _train_micro(config: TrainConfig) -> int:
     """The actor's micro-batch per GPU as launched: a divisor of a GPU's mini-batch share."""
     _, _, mini_share = _shares(config)
@@ -156,11 +195,15 @@ def fit(config: TrainConfig) -> tuple[TrainConfig, list[str]]:
                      f"mini-batch share is {mini_share} trajectories and verl splits it into "
                      "whole micro-batches")
         actor = dataclasses.replace(actor, micro_batch_size=micro)
-    log_prob = largest_divisor(share, verl.log_prob_micro_batch_size_per_gpu)
+    rows = _no_grad_rows(config)
+    log_prob = largest_divisor(rows, verl.log_prob_micro_batch_size_per_gpu)
     if log_prob != verl.log_prob_micro_batch_size_per_gpu:
+        why = (f"a GPU gets {share} trajectories per step" if not rows_vary(config) else
+               f"with context windows on verl.trainer=v1 a GPU gets a multiple of {rows} rows "
+               "per step (verl pads a step's rows to whole mini-batches over the GPUs)")
         notes.append(f"verl.log_prob_micro_batch_size_per_gpu "
-                     f"{verl.log_prob_micro_batch_size_per_gpu} -> {log_prob}: a GPU gets "
-                     f"{share} trajectories per step, split into whole no-grad micro-batches")
+                     f"{verl.log_prob_micro_batch_size_per_gpu} -> {log_prob}: {why}, split "
+                     "into whole no-grad micro-batches")
         verl = dataclasses.replace(verl, log_prob_micro_batch_size_per_gpu=log_prob)
     config = dataclasses.replace(config, actor=actor, verl=verl)
     return _fit_memory(config, notes)
@@ -199,7 +242,7 @@ def _shrink(config: TrainConfig, estimate: MemoryEstimate) -> tuple[TrainConfig,
                 micro_batch_size=micro)),
                 f"actor.micro_batch_size {actor.micro_batch_size} -> {micro}")
     if estimate.no_grad > estimate.update and v.log_prob_micro_batch_size_per_gpu > 1:
-        micro = largest_divisor(_shares(config)[1], v.log_prob_micro_batch_size_per_gpu // 2)
+        micro = largest_divisor(_no_grad_rows(config), v.log_prob_micro_batch_size_per_gpu // 2)
         return (dataclasses.replace(config, verl=dataclasses.replace(v,
                 log_prob_micro_batch_size_per_gpu=micro)),
                 f"verl.log_prob_micro_batch_size_per_gpu {v.log_prob_micro_batch_size_per_gpu}"
@@ -211,9 +254,10 @@ def _shrink(config: TrainConfig, estimate: MemoryEstimate) -> tuple[TrainConfig,
 
 
 # -- verl's dispatch arithmetic --------------------------------------------------------------------
-def check_dispatch(verl_config: Any) -> None:
+def check_dispatch(verl_config: Any, varying_rows: bool = False) -> None:
     """verl 0.9.1's dispatch-time divisions on the composed ``ppo_trainer`` config (see the
-    module docstring); ValueError naming the key and the fix for the first that fails."""
+    module docstring); ValueError naming the key and the fix for the first that fails.
+    ``varying_rows``: a step's row count is known only after its rollout (:func:`rows_vary`)."""
     from omegaconf import OmegaConf
 
     def get(key: str) -> Any:
@@ -247,13 +291,19 @@ def check_dispatch(verl_config: Any) -> None:
              f"verl.agent_workers a divisor of {batch}")
     share = batch // dp
     if not get("actor_rollout_ref.actor.use_dynamic_bsz"):
+        rows, what = share, f"a rank's {share} trajectories"
+        if varying_rows and get("trainer.use_v1"):
+            rows = v1_rank_rows(dp, n, get("actor_rollout_ref.actor.ppo_mini_batch_size"),
+                                get("critic.ppo_mini_batch_size"), _uses_critic(verl_config),
+                                get("trainer.critic_warmup"))
+            what = (f"with context windows a step's rows vary, and V1 pads them so that a "
+                    f"rank holds a multiple of {rows}; those rows")
         for key in ("actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
                     *(("actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu",)
                       if _uses_reference(verl_config) else ())):
             micro = get(key)
-            need(share % micro == 0, key,
-                 f"a rank's {share} trajectories do not split into micro-batches of {micro}",
-                 f"verl.log_prob_micro_batch_size_per_gpu a divisor of {share}")
+            need(rows % micro == 0, key, f"{what} do not split into micro-batches of {micro}",
+                 f"verl.log_prob_micro_batch_size_per_gpu a divisor of {rows}")
         mini = get("actor_rollout_ref.actor.ppo_mini_batch_size") * n
         need(mini % dp == 0, "actor_rollout_ref.actor.ppo_mini_batch_size",
              f"a mini-batch of {mini} trajectories does not split over {dp} ranks",

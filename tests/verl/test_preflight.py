@@ -7,11 +7,13 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from types import SimpleNamespace
 
 import pytest
 import torch
 import yaml
 from omegaconf import OmegaConf
+from verl_fakes import fake_transfer_queue
 
 from agentrl.config import compose_config
 from agentrl.verl import launch, preflight
@@ -90,6 +92,144 @@ def replay_dispatch(cfg) -> None:
         micro_batches(len(mini_batch), get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"))
     tokens = get("data.max_prompt_length") + get("data.max_response_length")
     assert get("critic.ppo_max_token_len_per_gpu") >= tokens          # rearrange_micro_batches
+
+
+WINDOWED_V1 = ["verl.trainer=v1", "train.presets=[tightBlocksworldTurnsAgent]",
+               "val.presets=[tightBlocksworldTurnsAgent]"]
+"""verl's V1 trainer with the default preset, which is windowed (``context: state``): one row
+per turn, so a step's row count is known only after its rollout."""
+
+
+@pytest.fixture(scope="module")
+def v1_trainer():
+    """verl's V1 trainer module (imported against a stand-in TransferQueue, not installed on a
+    CPU machine)."""
+    with fake_transfer_queue():
+        from verl.trainer.ppo.v1 import trainer_base
+
+        yield trainer_base
+
+
+class PaddingStore:
+    """The two TransferQueue calls ``upsample_batch_to_divisible_size`` makes, in memory."""
+
+    def __init__(self):
+        self.sample = {"prompts": torch.zeros(4, dtype=torch.int64),
+                       "responses": torch.zeros(3, dtype=torch.int64)}
+
+    def kv_batch_get(self, keys, partition_id, **kwargs):
+        return [dict(self.sample) for _ in keys]
+
+    def kv_batch_put(self, **kwargs):
+        return None
+
+
+@dataclasses.dataclass
+class BatchMeta:
+    keys: list
+    tags: list
+    partition_id: str = "train"
+    fields: object = None
+    extra_info: dict = dataclasses.field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def replay_v1_step(cfg, trainer_base, rows: int, global_steps: int, monkeypatch) -> None:
+    """verl 0.9.1's V1 trainer on a step of ``rows`` rows, with its own code: the padding to
+    ``_get_required_batch_multiple`` (``upsample_batch_to_divisible_size``), the equal split over
+    the ranks (``get_seqlen_balanced_partitions``), each rank's no-grad micro-batches (actor and
+    reference) and its mini- and micro-batches of the actor's update. AssertionError where the
+    real run dies."""
+    from verl.trainer.ppo import padding_utils
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils import tensordict_utils as tu
+    from verl.utils.seqlen_balancing import get_seqlen_balanced_partitions
+    from verl.workers.engine.utils import prepare_micro_batches
+
+    get = functools.partial(OmegaConf.select, cfg)
+    dp = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
+    trainer = SimpleNamespace(config=cfg, use_critic=need_critic(cfg), global_steps=global_steps)
+    multiple = trainer_base.PPOTrainer._get_required_batch_multiple(trainer, dp)
+    monkeypatch.setattr(padding_utils, "tq", PaddingStore())
+    monkeypatch.setattr(padding_utils, "KVBatchMeta", BatchMeta)
+    batch = BatchMeta(keys=[f"u{i}_0_0" for i in range(rows)],
+                      tags=[{"seq_len": 100 + i % 7} for i in range(rows)])
+    batch = padding_utils.upsample_batch_to_divisible_size(batch, multiple, eos_token_id=0)
+    seqlens = [tag.get("seq_len", padding_utils.SYNTHETIC_PADDING_SEQ_LEN) for tag in batch.tags]
+    ranks = get_seqlen_balanced_partitions(seqlens, k_partitions=dp, equal_size=True)
+
+    def micro_batches(size: int, micro: int) -> None:
+        td = tu.get_tensordict({"x": torch.zeros(size, 1)},
+                               {"use_dynamic_bsz": False, "micro_batch_size_per_gpu": micro})
+        prepare_micro_batches(td)
+
+    keys = ["actor_rollout_ref.rollout.log_prob_micro_batch_size_per_gpu",
+            *(["actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu"]
+              if need_reference_policy(cfg) else [])]
+    mini = get("actor_rollout_ref.actor.ppo_mini_batch_size") * get("actor_rollout_ref.rollout.n")
+    for rank in ranks:
+        for key in keys:
+            micro_batches(len(rank), get(key))
+        if get("trainer.critic_warmup") <= global_steps:                  # the actor's update
+            assert mini % dp == 0, f"Got {mini=} and {dp=}"               # train_mini_batch
+            td = tu.get_tensordict({"x": torch.zeros(len(rank), 1)})
+            for mini_batch in tu.make_iterator(td, mini_batch_size=mini // dp, epochs=1, seed=0):
+                micro_batches(len(mini_batch),
+                              get("actor_rollout_ref.actor.ppo_micro_batch_size_per_gpu"))
+
+
+def replay_v1(cfg, trainer_base, monkeypatch) -> None:
+    """:func:`replay_v1_step` on steps of every row count a windowed run can have, up to the
+    padding (each episode is one row or more, so a step has at least ``train_batch_size * n``
+    rows; the outcome depends only on the padded count, and two consecutive multiples of the
+    padding unit decide it for every count), on a critic warm-up step and after it."""
+    from verl.trainer.ppo.utils import need_critic
+
+    get = functools.partial(OmegaConf.select, cfg)
+    episodes = get("data.train_batch_size") * get("actor_rollout_ref.rollout.n")
+    dp = get("trainer.nnodes") * get("trainer.n_gpus_per_node")
+    trainer = SimpleNamespace(config=cfg, use_critic=need_critic(cfg), global_steps=10 ** 9)
+    unit = trainer_base.PPOTrainer._get_required_batch_multiple(trainer, dp)
+    steps = sorted({1, get("trainer.critic_warmup")})
+    for rows, step in itertools.product((episodes, episodes + 1, episodes + unit + 1), steps):
+        replay_v1_step(cfg, trainer_base, rows, step, monkeypatch)
+
+
+def test_v1_with_windows_fits_no_grad_micro_batches_to_the_padded_rank_share(v1_trainer,
+                                                                             monkeypatch):
+    """a100 + qwen_halfb on V1 with a windowed preset: 128 episodes, mini-batches of 32 rows
+    over 8 GPUs; a step of 129 rows is padded to 160, 20 a rank, which the preset's no-grad
+    micro-batch of 8 does not split. The preflight makes it 4 (the rows a rank holds are a
+    multiple of 32 / 8), and verl's own padding and splitting then pass."""
+    config = compose_config(["hardware=a100", "model=qwen_halfb", *WINDOWED_V1])
+    assert config.verl.log_prob_micro_batch_size_per_gpu == 8
+    fitted, notes = preflight.fit(config)
+    assert fitted.verl.log_prob_micro_batch_size_per_gpu == 4
+    assert any("log_prob_micro_batch_size_per_gpu 8 -> 4" in note for note in notes)
+    cfg = launch.compose_verl_config(launch.verl_overrides(fitted, launch.task_paths(fitted)))
+    preflight.check_dispatch(cfg, preflight.rows_vary(fitted))
+    replay_v1(cfg, v1_trainer, monkeypatch)
+
+
+@pytest.mark.parametrize(("hardware", "forced"), [("a100", 8), ("l40", 4)])
+def test_v1_with_windows_refuses_a_raw_no_grad_micro_batch_verl_would_assert_on(
+        hardware, forced, v1_trainer, monkeypatch):
+    """The review's cases (a100: 8 against 4 rows a rank; l40: 4 against 2), forced past the
+    fitting by a raw verl override, for the actor and the reference: refused naming the key,
+    and verl's own padding and splitting agree that the run would die."""
+    raw = [f"actor_rollout_ref.{role}.log_prob_micro_batch_size_per_gpu={forced}"
+           for role in ("rollout", "ref")]
+    config = compose_config([f"hardware={hardware}", "model=qwen_halfb", *WINDOWED_V1,
+                             "actor.use_kl_loss=true", f"verl.overrides={raw}"])
+    fitted, _ = preflight.fit(config)
+    cfg = launch.compose_verl_config(launch.verl_overrides(fitted, launch.task_paths(fitted)))
+    with pytest.raises(ValueError, match=r"log_prob_micro_batch_size_per_gpu: with context "
+                                         r"windows .* micro-batches of " + str(forced)):
+        preflight.check_dispatch(cfg, preflight.rows_vary(fitted))
+    with pytest.raises(AssertionError, match="divisible"):
+        replay_v1(cfg, v1_trainer, monkeypatch)
 
 
 def preflight_outcome(hardware, model, shape, nodes, per_node) -> str:
