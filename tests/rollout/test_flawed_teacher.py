@@ -92,3 +92,23 @@ def test_the_config_key_is_checked():
     with pytest.raises(ValueError, match="sft.flawed_first_move=true is not allowed with "
                                          "backend=verl"):
         build_config({"backend": "verl", "sft": {"flawed_first_move": True}})
+
+
+def test_the_sft_key_reaches_the_warm_starts_demonstrations(chatml_tokenizer):
+    """``sft.flawed_first_move`` in a config changes what ``agentrl sft`` and the in-run warm
+    start train on (agentrl.trainers.imitation.oracle_demonstrations), and nothing else."""
+    from agentrl.trainers.imitation import oracle_demonstrations
+
+    def openings(flawed: bool) -> list[str]:
+        config = compose_config([f"train.presets=[{PRESET}]", f"val.presets=[{PRESET}]",
+                                 "sft.episodes=12", f"sft.flawed_first_move={flawed}"])
+        loop = asyncio.new_event_loop()
+        try:
+            demos = oracle_demonstrations(config, chatml_tokenizer, loop)
+        finally:
+            loop.close()
+        return [t.turns[0].text for t in demos]
+
+    clean, flawed = openings(False), openings(True)
+    assert len(clean) == len(flawed) == 12
+    assert clean != flawed
