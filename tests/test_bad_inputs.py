@@ -7,7 +7,9 @@ The commands run in-process through :func:`agentrl.cli.main` (argparse's ``error
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -30,12 +32,14 @@ def _fixtures(root: Path) -> dict[str, str]:
     run_ok = root / "run_ok"
     run_ok.mkdir()
     (run_ok / "metrics.jsonl").write_text(json.dumps({"step": 1, "val/x/success": 0.5}) + "\n")
+    (root / "other_preset").write_text(json.dumps({"policy": "random", "presets": {
+        "simpleSokobanAgent": {"success": 0.1}}}))
     sft_run = root / "sft_run" / "sft" / "checkpoints" / "step_000001"
     sft_run.mkdir(parents=True)  # a run folder whose only checkpoint has no marker: damaged
     (sft_run / "actor").mkdir()
     return {name: str(root / name) for name in
             ("empty", "a_file", "not_json", "presets_list", "presets_null",
-             "no_presets", "bad_yaml", "run_no_step", "run_ok", "sft_run")} | {
+             "no_presets", "bad_yaml", "run_no_step", "run_ok", "sft_run", "other_preset")} | {
         "missing": str(root / "missing")}
 
 
@@ -57,6 +61,7 @@ CASES = [
     ("eval --presets nosuchAgent", "allowed"),
     ("eval --groups 0", "--groups"),
     ("eval --compare enable_think", "KEY=VALUE"),
+    ("eval --policy random --groups 1 --seed -1", "--seed"),
     # agentrl play
     ("play sokoban --seed -5", "--seed"),
     ("play sokoban --oracle --delay -1", "--delay"),
@@ -76,6 +81,7 @@ CASES = [
     ("report {run_ok} --no-play-references --reference {missing}", "--reference"),
     ("report {run_ok} --no-play-references --reference {no_presets}", "presets"),
     ("report {run_ok} --no-play-references --reference {not_json}", "not_json"),
+    ("report {run_ok} --no-play-references --reference {other_preset}", "--reference"),
     ("report {presets_list} --out {a_file}/x/r.html", "--out"),
     ("report {presets_list} --screenshot {empty}", "--screenshot"),
     # agentrl train / sft / make-data (config)
@@ -95,10 +101,22 @@ CASES = [
     ("train --dry-run backend=verl hardware=a100 model=qwen_halfb "
      "\"verl.overrides=['actor_rollout_ref.actor.use_dynamic_bsz=3']\"", "true or false"),
     ("sft --print-config \"verl.overrides=['trainer.total_epochs=2']\"", "verl.overrides"),
+    ("sft --print-config sft.output_dir={a_file}/x", "sft.output_dir"),
+    ("train --print-config hardware=cpu-verl verl.max_response_length=16",
+     "verl.max_response_length"),
     ("make-data --out {a_file}/x/data train.total_steps=1 train.group_num=1", "--out"),
     ("make-data --out {a_file} train.total_steps=1 train.group_num=1", "--out"),
-    # the others
+    # agentrl bench (each benchmark's own options)
     ("bench nosuchbench", "allowed"),
+    ("bench generate --model {missing}", "--model"),
+    ("bench dagger --model {missing}", "--model"),
+    ("bench generate --batch-sizes 0", "--batch-sizes"),
+    ("bench learn_verl", "part of another benchmark"),
+    ("bench learn_verl --help", "part of another benchmark"),
+    ("bench quick_train --from-run {empty} --out {empty}/q.json", "--from-run"),
+    *([("bench learn --recipes verl --steps 1", "vLLM")]
+      if importlib.util.find_spec("vllm") is None else []),
+    # the others
     ("nosuchcommand", "invalid choice"),
 ]
 
@@ -123,3 +141,30 @@ def test_a_bad_input_exits_2_with_one_message(line, fragment, files, capsys, mon
     assert "Traceback" not in err
     message = err.strip().splitlines()[-1]
     assert "error:" in message and fragment in message, err
+    if not line.startswith("bench "):  # a benchmark's own parser prints its usage first
+        assert len(err.strip().splitlines()) == 1, err  # the message, not a usage dump
+
+
+def test_overrides_after_a_flag_are_overrides(capsys, monkeypatch, tmp_path):
+    """``key=value`` on either side of a flag (train, sft, make-data take them anywhere)."""
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "model=tiny", "--print-config", "train.total_steps=3"]) == 0
+    printed = capsys.readouterr().out
+    assert "total_steps: 3" in printed and "name: tiny" in printed
+
+
+def test_run_files_are_readable_by_the_group_like_any_other_file(tmp_path):
+    """Atomic writes (run.json, metrics.jsonl, episodes/*.jsonl) and the learning-curve PNG
+    take the umask's mode, not mkstemp's 0600."""
+    from agentrl.trainers.plots import plot_learning_curves
+    from agentrl.trainers.tracking import write_text_atomic
+
+    old = os.umask(0o022)
+    try:
+        write_text_atomic(tmp_path / "run.json", "{}")
+        (tmp_path / "metrics.jsonl").write_text('{"step": 1, "actor/entropy": 1.0}\n')
+        png = plot_learning_curves(tmp_path / "metrics.jsonl", tmp_path / "learning_curves.png")
+    finally:
+        os.umask(old)
+    for path in (tmp_path / "run.json", png):
+        assert path.stat().st_mode & 0o777 == 0o644, (path, oct(path.stat().st_mode))

@@ -24,10 +24,23 @@ COMMANDS = {
 }
 
 
+OVERRIDE_COMMANDS = ("train", "sft", "make-data")
+"""The commands whose ``key=value`` overrides may stand on either side of a flag."""
+
+
+class Parser(argparse.ArgumentParser):
+    """A bad option is one line, ``agentrl <command>: error: <message>``, not the usage dump
+    above it (``--help`` prints the usage)."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="agentrl", description=__doc__.splitlines()[0])
+    parser = Parser(prog="agentrl", description=__doc__.splitlines()[0])
     parser.add_argument("--version", action="version", version=f"agentrl {__version__}")
-    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                     parser_class=Parser)
     for name, (module, summary) in COMMANDS.items():
         sub = commands.add_parser(name, help=summary, description=module.__doc__,
                                   formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -38,7 +51,13 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     """Run a command; a bad input (a ``ValueError`` naming it) exits 2 with its message."""
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # `train model=tiny --print-config train.total_steps=3`: the last is one too
+        if args.command in OVERRIDE_COMMANDS and not any(e.startswith("-") for e in extra):
+            args.overrides = [*args.overrides, *extra]
+        else:
+            args.error(f"unrecognized arguments: {' '.join(extra)}")
     try:
         return args.run(args)
     except ValueError as error:  # bad options (unknown preset, bad setting): say which, no traceback

@@ -13,8 +13,8 @@ import math
 import os
 from pathlib import Path
 
-__all__ = ["check_device", "non_negative_float", "non_negative_int", "positive_int",
-           "writable_path"]
+__all__ = ["check_device", "check_folder_to_write", "non_negative_float", "non_negative_int",
+           "positive_int", "writable_path"]
 
 
 def positive_int(text: str) -> int:
@@ -68,6 +68,23 @@ def writable_path(path: str | Path, flag: str, folder: bool = False) -> Path:
         raise ValueError(f"{flag} {str(path)!r}: {parent} is not writable; allowed: a {kind} "
                          "under a writable folder")
     return path
+
+
+def check_folder_to_write(path: str | Path, key: str) -> None:
+    """A folder a command will make and write later (a config key like ``sft.output_dir``),
+    checked now and made not: not a file, under no file, and its nearest existing folder
+    writable. ``ValueError`` naming ``key`` otherwise."""
+    path = Path(path).expanduser()
+    existing = next((p for p in (path, *path.parents) if p.exists()), None)
+    if existing is None:
+        return
+    if not existing.is_dir():
+        where = "is a file" if existing == path else f"is under {existing}, a file"
+        raise ValueError(f"{key}={str(path)!r} {where}; allowed: a folder to write (new or "
+                         "existing) under a writable folder")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"{key}={str(path)!r}: {existing} is not writable; allowed: a folder "
+                         "under a writable folder")
 
 
 def check_device(device: str, flag: str = "--device") -> None:

@@ -64,13 +64,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="the benchmark's own options (see agentrl bench NAME --help)")
 
 
-def benchmarks(folder: Path = BENCH_DIR) -> dict[str, str]:
-    """Name -> the first line of its docstring (read, not run)."""
+def benchmarks(folder: Path = BENCH_DIR, parts: bool = False) -> dict[str, str]:
+    """Name -> the first line of its docstring (read, not run): the scripts that run (an
+    ``if __name__ == "__main__"`` block); ``parts``: the modules a benchmark imports instead."""
     found = {}
     for path in sorted(folder.glob("*.py")) if folder.is_dir() else []:
-        doc = ast.get_docstring(ast.parse(path.read_text())) or ""
-        found[path.stem] = doc.splitlines()[0] if doc else ""
+        tree = ast.parse(path.read_text())
+        if _runs(tree) != parts:
+            doc = ast.get_docstring(tree) or ""
+            found[path.stem] = doc.splitlines()[0] if doc else ""
     return found
+
+
+def _runs(tree: ast.Module) -> bool:
+    """Whether a module has a top-level ``if __name__ == "__main__":``."""
+    return any(isinstance(node, ast.If) and "__main__" in ast.unparse(node.test)
+               for node in tree.body)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -84,12 +93,24 @@ def run(args: argparse.Namespace) -> int:
             print(f"{name:<{width}}  {summary}")
         return 0
     if args.name not in available:
+        part = benchmarks(parts=True).get(args.name)
+        if part is not None:
+            raise ValueError(f"{args.name} is a part of another benchmark, not one to run "
+                             f"({part}); allowed: {', '.join(available)}")
         raise ValueError(f"unknown benchmark {args.name!r}; allowed: {', '.join(available)}")
+    from agentrl.models.common import ModelNotFoundError
+
     path = BENCH_DIR / f"{args.name}.py"
     argv = sys.argv
     sys.argv = [str(path), *args.options]
     try:
         runpy.run_path(str(path), run_name="__main__")
+    except SystemExit as stop:  # `raise SystemExit("<what was wrong>")`: a bad input too
+        if isinstance(stop.code, str):
+            raise ValueError(stop.code) from None
+        raise
+    except ModelNotFoundError as error:  # --model names nothing that loads
+        raise ValueError("--model: " + " ".join(str(error).split())) from None
     finally:
         sys.argv = argv
     return 0

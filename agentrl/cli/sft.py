@@ -101,7 +101,11 @@ def _output_dir(config) -> Path:
 
 
 def _no_ppo_overrides(config) -> None:
-    """``verl.overrides`` are keys of verl's PPO trainer: neither SFT trainer reads them."""
+    """``verl.overrides`` are keys of verl's PPO trainer: neither SFT trainer reads them. And
+    the checkpoint's folder can be written, before the oracle plays and the model trains."""
+    from agentrl.cli.arguments import check_folder_to_write
+
+    check_folder_to_write(_output_dir(config), "sft.output_dir")
     if config.verl.overrides:
         raise ValueError(f"verl.overrides={list(config.verl.overrides)} are keys of verl's PPO "
                          "trainer, which agentrl sft does not run; allowed: none here (the "

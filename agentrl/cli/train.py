@@ -83,7 +83,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    config = config_to_run(args)
+    config = config_to_run(args, check_verl_lengths)
     if config is None:
         return 0
     if config.backend == "verl":
@@ -125,6 +125,19 @@ def run(args: argparse.Namespace) -> int:
     if result.plot is not None:
         print(f"  plot:       {result.plot}")
     return 0
+
+
+def check_verl_lengths(config: Any) -> None:
+    """backend=verl: ``verl.max_response_length`` (every reply and observation after the first
+    prompt) holds at least one reply at its token limit."""
+    if config.backend != "verl":
+        return
+    reply = max(config.rollout.max_new_tokens, config.val.max_new_tokens or 0)
+    if config.verl.max_response_length < reply:
+        raise ValueError(f"verl.max_response_length={config.verl.max_response_length} cannot "
+                         f"hold one reply of up to {reply} tokens (rollout.max_new_tokens, "
+                         f"val.max_new_tokens); allowed: an integer >= {reply} (it holds every "
+                         "reply and observation of an episode after its first prompt)")
 
 
 def _where(stage: str | None, trainer: Any) -> str:

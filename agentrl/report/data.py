@@ -196,6 +196,17 @@ def read_references(paths: Iterable[str | Path]) -> dict[str, dict[str, dict[str
     return references
 
 
+def _check_reference_presets(paths: Iterable[str | Path], presets: Sequence[str]) -> None:
+    """A reference file that names none of the run's presets would draw nothing: say so."""
+    for path in paths:
+        data = read_eval_file(path, "--reference")
+        if data.get("policy") in REFERENCE_POLICIES and presets and not set(data["presets"]) & set(
+                presets):
+            raise ValueError(f"--reference {path}: its presets ({', '.join(data['presets'])}) "
+                             f"are none of this run's; allowed: an `agentrl eval --policy "
+                             f"random|oracle --out` file of {', '.join(presets)}")
+
+
 def _merge(*sources: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
     merged: dict[str, dict[str, Any]] = {}
     for source in sources:  # later sources win
@@ -248,6 +259,7 @@ def run_data(run_dir: str | Path, *, reference_files: Iterable[str | Path] = (),
     series = _curves(records)
     presets = _presets(series, config)
     references = read_references(reference_files)
+    _check_reference_presets(reference_files, presets)
     if play_references:
         val_presets = [p for p in presets if p not in references]
         groups = int(config.get("val", {}).get("group_num", 4))

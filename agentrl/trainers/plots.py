@@ -45,7 +45,7 @@ from matplotlib.ticker import MaxNLocator
 
 from agentrl.evaluation.references import played_references
 from agentrl.evaluation.stats import wilson_interval
-from agentrl.trainers.tracking import matching_keys, read_metrics
+from agentrl.trainers.tracking import file_mode, matching_keys, read_metrics
 
 __all__ = ["PANELS", "REFERENCES_FILE", "Panel", "learning_curves_figure", "panel_keys",
            "plot_learning_curves", "reference_success", "run_title", "success_band",
@@ -319,6 +319,7 @@ def _save(figure: Figure, path: Path) -> Path:
     os.close(fd)
     try:
         figure.savefig(tmp, dpi=100)
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 -> as any file the user writes
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -218,11 +218,19 @@ def write_text_atomic(path: Path, text: str) -> None:
             file.write(text)
             file.flush()
             os.fsync(file.fileno())
+        os.chmod(tmp, file_mode())  # mkstemp's 0600 -> as any file the user writes
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
     fsync_dir(path.parent)
+
+
+def file_mode() -> int:
+    """The mode a new file gets from the umask (0644 under the usual 022)."""
+    mask = os.umask(0)
+    os.umask(mask)
+    return 0o666 & ~mask
 
 
 def fsync_dir(folder: Path) -> None:

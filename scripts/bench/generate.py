@@ -63,6 +63,7 @@ from rich.table import Table
 import dataclasses
 
 from agentrl.agents.grammar import AnswerGrammar
+from agentrl.cli.arguments import positive_int
 from agentrl.cli.bench import device_name, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.models.parts import causal_lm
@@ -273,9 +274,9 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--model", default="embedded", help="a load_model name")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
-    parser.add_argument("--batch-sizes", type=int, nargs="+", default=[1, 16])
-    parser.add_argument("--prompts", type=int, default=16, help="prompts decoded per batch size")
-    parser.add_argument("--max-new-tokens", type=int, default=64)
+    parser.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 16])
+    parser.add_argument("--prompts", type=positive_int, default=16, help="prompts decoded per batch size")
+    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
     parser.add_argument("--constrained", action="store_true",
                         help="also decode under constrained action decoding (two grammars)")

@@ -105,6 +105,7 @@ from agentrl.evaluation import EvalResult, evaluate
 from agentrl.evaluation.stats import wilson_interval
 from agentrl.models import load_model
 from agentrl.trainers.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
+from agentrl.trainers.device import resolve_device
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.sft import SFTTrainer
 from agentrl.trainers.tracking import read_metrics
@@ -195,6 +196,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--preset {BANDIT} allows --recipes {' '.join(BANDIT_RECIPES)}")
     if bandit and args.compare:
         parser.error(f"--compare needs an agent preset (--preset), not {BANDIT}")
+    if "verl" in args.recipes:
+        from agentrl.verl.child_run import verl_cpu_python
+
+        if verl_cpu_python() is None:
+            parser.error("--recipes verl needs vLLM's CPU build, which no venv here has; "
+                         "allowed: bash env_setup.sh --verl-cpu first, or the other recipes")
     args.levers = {}
     for text in args.lever:
         name, _, overrides = text.partition("=")
@@ -365,11 +372,12 @@ def evaluate_model(config: Any) -> dict[str, Any]:
 
     if config.threads > 0:
         torch.set_num_threads(config.threads)
-    model, tokenizer = load_model(config.model.name, dtype="float32",
+    device = resolve_device(config.device)
+    model, tokenizer = load_model(config.model.name, dtype="float32", device=device,
                                   chat_template=config.model.chat_template)
     r = config.rollout
     tokens = config.val.max_new_tokens or r.max_new_tokens
-    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed,
+    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed, device=device,
                       prefix_cache_tokens=r.prefix_cache_tokens,
                       compute_dtype=None if config.model.dtype == "float32" else config.model.dtype)
     try:

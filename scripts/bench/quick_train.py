@@ -64,7 +64,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="overwrite an existing --out (an evidence file is refused otherwise)")
     parser.add_argument("args", nargs="*", metavar="ARG",
                         help="quick_train.sh's arguments, after --")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.from_run and not (Path(args.from_run) / "metrics.jsonl").is_file():
+        parser.error(f"--from-run {args.from_run}: no metrics.jsonl there, so no run folder; "
+                     "allowed: a folder agentrl train wrote (runs/<project>/<experiment>)")
+    return args
 
 
 def main(argv: list[str] | None = None) -> dict:
