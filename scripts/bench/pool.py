@@ -43,6 +43,7 @@ from agentrl.cli.bench import script_module, write_result
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.envs.splits import train_seeds
 from agentrl.models import load_model
+from agentrl.trainers.device import resolve_device
 from agentrl.rollout.groups import run_groups
 from agentrl.trainers.tracking import read_metrics
 
@@ -102,10 +103,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def play(config: Any, seeds: list[int], episodes: int, greedy: bool) -> list[int]:
     """Wins of each game in ``seeds`` over ``episodes`` constrained episodes of
     ``config.model`` (greedy, or sampled as training samples)."""
-    model, tokenizer = load_model(config.model.name, dtype="float32",
+    device = resolve_device(config.device)
+    model, tokenizer = load_model(config.model.name, dtype="float32", device=device,
                                   chat_template=config.model.chat_template)
     r = config.rollout
-    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed,
+    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed, device=device,
                       prefix_cache_tokens=r.prefix_cache_tokens)
     sampling = SamplingParams(greedy=greedy, temperature=r.temperature, top_p=r.top_p,
                               top_k=r.top_k, max_new_tokens=r.max_new_tokens,
