@@ -24,9 +24,10 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   them and 0.0 elsewhere (``None`` when verl asks for no log-probs). The response ends at the
   last model token: never with an observation.
 - **Sampling.** One request id for all turns of an episode (verl's sticky session: the episode
-  stays on one server and hits its prefix cache). Temperature, top-p, top-k and ``logprobs``
-  are verl's (``rollout.*``, or ``rollout.val_kwargs.*`` when validating) and never changed per
-  turn, because the actor recomputes log-probs at ``rollout.temperature``; per turn the loop
+  stays on one server and hits its prefix cache); under ``rollout.full_determinism`` a distinct
+  one that every run repeats (:func:`episode_request_id`). Temperature, top-p, top-k and
+  ``logprobs`` are verl's (``rollout.*``, or ``rollout.val_kwargs.*`` when validating) and
+  never changed per turn, because the actor recomputes log-probs at ``rollout.temperature``; per turn the loop
   sets only ``max_tokens`` and the end-of-turn ``stop_token_ids`` (and, with constrained
   actions, the turn's constraint in ``extra_args``: :mod:`agentrl.verl.constrained`). A reply ending on any
   end-of-sequence id (the template's, the tokenizer's, and every ``eos_token_id`` of the
@@ -130,7 +131,8 @@ from agentrl.verl.windows import windowed_context_tokens
 __all__ = [
     "AGENT_NAME", "BudgetedAgent", "EpisodeTask", "GameAgentLoop", "GameAgentLoopManager",
     "GameAgentLoopOutput", "GameAgentLoopWorker", "ResponseBudget", "ServerLLM",
-    "episode_output", "generation_config", "open_episode", "verl_overrides", "window_outputs",
+    "episode_output", "episode_request_id", "generation_config", "open_episode",
+    "verl_overrides", "window_outputs",
 ]
 
 def verl_overrides(use_v1: bool) -> list[str]:
@@ -199,6 +201,25 @@ def logits_width(model_path: str) -> int:
     return int(config.get_text_config().vocab_size)
 
 
+def episode_request_id(deterministic: bool, priority: int, row: Mapping[str, Any]) -> str:
+    """The request id of every turn of an episode (``row``: the columns verl passes to
+    :meth:`GameAgentLoop.run`): random, or under ``rollout.full_determinism``, where verl hands
+    it to vLLM unchanged and routes by it, one of its own that every run repeats. The legacy
+    trainer's manager numbers a step's episodes in ``priority`` (``det-<priority>``, as verl's
+    own loops); V1 passes no priority (0 for every episode: one replica, duplicate ids in
+    flight) but the row's ``session_id``, so there the id is the task row's split and index
+    (``extra_info``) with the session."""
+    if not deterministic:
+        return uuid.uuid4().hex
+    if "session_id" not in row:
+        return f"det-{priority}"
+    extra_info = row.get("extra_info")
+    index = row_index(extra_info)
+    split = extra_info.get("split") if isinstance(extra_info, Mapping) else None
+    task = f"{split}-{index}" if index is not None else str(row.get("uid"))
+    return f"det-{task}-{row['session_id']}"
+
+
 @register(AGENT_NAME)
 class GameAgentLoop(AgentLoopBase):
     """Plays one game episode per trajectory (verl makes a new instance for each)."""
@@ -225,7 +246,7 @@ class GameAgentLoop(AgentLoopBase):
             constrained = processor_configured(rollout)
             llm = ServerLLM(self.server_manager, sampling_params, budget,
                             end_of_turn_ids(self.tokenizer, generation_config(model_path)),
-                            request_id=f"det-{priority}" if deterministic else uuid.uuid4().hex,
+                            request_id=episode_request_id(deterministic, priority, kwargs),
                             priority=int(priority),
                             texts=(await asyncio.to_thread(TokenTexts.of, self.tokenizer)
                                    if constrained else None),

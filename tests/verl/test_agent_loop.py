@@ -94,14 +94,14 @@ def workers(model_dir, fake):
     made = {}
     with fake_transfer_queue() as queue:
         def get(mode: str, n: int, prompt_length: int, response_length: int,
-                estimator: str = "gae", lam: float = 1.0):
-            key = (mode, n, prompt_length, response_length, estimator, lam)
+                estimator: str = "gae", lam: float = 1.0, extra: tuple[str, ...] = ()):
+            key = (mode, n, prompt_length, response_length, estimator, lam, extra)
             if key not in made:
                 config = verl_config(model_dir, use_v1=mode == "v1", prompt_length=prompt_length,
                                      response_length=response_length, n=n,
                                      temperature=TEMPERATURE,
                                      extra=[f"algorithm.adv_estimator={estimator}",
-                                            f"algorithm.lam={lam}"])
+                                            f"algorithm.lam={lam}", *extra])
                 if mode == "legacy":
                     worker = GameAgentLoopWorker(config, fake, None, None)
                 else:
@@ -117,9 +117,12 @@ def workers(model_dir, fake):
 def rollout(workers, fake, mode: str, tmp_path, games, *, n: int = 2,
             response_length: int = RESPONSE_LENGTH, prompt_length: int = PROMPT_LENGTH,
             reward_placement: str = "turn", max_context_tokens: int = 4096,
-            estimator: str = "gae", split: str = "train") -> Rollout:
-    """One task row per game, n samples each, through verl's worker of ``mode``."""
-    worker, config, queue = workers(mode, n, prompt_length, response_length, estimator)
+            estimator: str = "gae", split: str = "train", extra: tuple[str, ...] = ()
+            ) -> Rollout:
+    """One task row per game, n samples each, through verl's worker of ``mode`` (``extra``:
+    more overrides of verl's config)."""
+    worker, config, queue = workers(mode, n, prompt_length, response_length, estimator,
+                                    extra=extra)
     fake.load(games)
     rows = [task_row(game, index, max_context_tokens=max_context_tokens,
                      reward_placement=reward_placement) for index, game in enumerate(games)]
@@ -250,6 +253,28 @@ def test_last_placement_puts_the_return_on_the_last_model_token(mode, workers, f
     expected = [0.0] * len(sample.response)
     expected[last_model_token] = sum(game.rewards)
     assert sample.rm_scores == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_full_determinism_gives_each_episode_its_own_request_id_the_same_in_every_run(
+        mode, workers, fake, tmp_path, tokenizer, presets):
+    """Under ``rollout.full_determinism`` verl hands the request id to vLLM unchanged and its
+    router routes by it. V1 passes no ``priority``, so ``det-<priority>`` gave every episode
+    ``det-0``: one replica, duplicate ids in flight. Each episode (2 rows x 2 sessions) gets
+    its own id, and a second run the same ones."""
+    config = one_action_per_turn(presets, "simpleSokobanAgent")
+    games = [play_script(tokenizer, "simpleSokobanAgent", config, seed, [ORACLE] * 4)
+             for seed in (3, 4)]
+    runs = []
+    for _ in range(2):
+        result = rollout(workers, fake, mode, tmp_path, games, n=2,
+                         extra=("actor_rollout_ref.rollout.full_determinism=true",))
+        assert len(result.samples) == 4
+        runs.append(sorted(fake.episodes()))
+    assert len(runs[0]) == 4 and all(rid.startswith("det-") for rid in runs[0])
+    assert runs[0] == runs[1]
+    for sample in result.samples:
+        check_sample(sample, games, fake, tokenizer)
 
 
 # -- the response budget and cut replies -----------------------------------------------------------

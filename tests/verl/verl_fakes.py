@@ -165,13 +165,16 @@ def dataset_batch(rows: list[dict], tmp_path: Path, tokenizer, config) -> dict:
 
 
 async def legacy_batch(worker, batch_dict: dict, n: int):
-    """What RayPPOTrainer hands its AgentLoopManager (rows repeated n times, interleaved) and
-    the padded batch the worker returns."""
+    """What RayPPOTrainer hands its AgentLoopManager (rows repeated n times, interleaved), with
+    the manager's numbering of the episodes (``priority``), and the padded batch the worker
+    returns."""
     from verl import DataProto
 
     batch = DataProto.from_single_dict(batch_dict)
     batch.meta_info["global_steps"] = 1
-    return await worker.generate_sequences(batch.repeat(repeat_times=n, interleave=True))
+    batch = batch.repeat(repeat_times=n, interleave=True)
+    batch.non_tensor_batch["priority"] = np.arange(len(batch), dtype=np.int64)
+    return await worker.generate_sequences(batch)
 
 
 class FakeTransferQueue(types.ModuleType):
