@@ -25,8 +25,9 @@ from agentrl.config import TrainConfig
 from agentrl.verl import constrained, restart, returns
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE
 
-__all__ = ["EXTERNAL_MODULES", "WORKER_ENV", "chat_template", "external_modules", "hydra_value",
-           "launch_env", "micro_batch_per_gpu", "model_path", "on_cpu", "sdpa_env", "task_paths",
+__all__ = ["EXTERNAL_MODULES", "WORKER_ENV", "chat_template", "critic_token_budgets",
+           "external_modules", "hydra_value", "launch_env", "micro_batch_per_gpu", "model_path",
+           "on_cpu", "sdpa_env", "task_paths",
            "verl_overrides", "worker_env_key"]
 
 PROJECT_ROOT = Path(agentrl.__file__).resolve().parents[1]
@@ -167,22 +168,38 @@ def _actor(config: TrainConfig) -> dict[str, Any]:
     }
 
 
-def _critic(config: TrainConfig) -> dict[str, Any]:
-    """verl 0.9.1's critic (an engine ``TrainingWorker``) always batches by tokens: its
-    ``*micro_batch_size*`` keys are read by nobody; ``ppo_max_token_len_per_gpu`` bounds an
-    update's micro-batch and ``ppo_infer_max_token_len_per_gpu`` the no-grad value forward
-    (``ray_trainer``: ``engine_config.infer_max_token_len_per_gpu``; ``critic.yaml`` lacks the
-    key, hence ``++``; its ``forward_max_token_len_per_gpu`` is read by nobody). Sized here as
-    the actor's micro-batches of whole-length trajectories."""
-    c, v = config.critic, config.verl
+def critic_token_budgets(config: TrainConfig) -> tuple[int, int]:
+    """The critic's token budgets per GPU: (``critic.ppo_max_token_len_per_gpu``,
+    ``critic.ppo_infer_max_token_len_per_gpu``).
+
+    verl 0.9.1's critic (an engine ``TrainingWorker``) always batches by tokens: its
+    ``*micro_batch_size*`` keys are read by nobody. The legacy trainer bounds an update's
+    micro-batch by ``ppo_max_token_len_per_gpu`` and the no-grad value forward by
+    ``ppo_infer_max_token_len_per_gpu`` (``ray_trainer``: the engine's ``max_token_len_per_gpu``
+    and ``infer_max_token_len_per_gpu``); the V1 trainer gives the engine
+    ``ppo_infer_max_token_len_per_gpu`` for both (``v1/trainer_base``). An update's budget is
+    the actor's micro-batch of whole-length trajectories, what the memory estimate counts
+    (:mod:`agentrl.verl.preflight`); the no-grad one is the no-grad micro-batch's on the legacy
+    trainer, and the update's on V1, where it bounds the updates too."""
+    v = config.verl
     tokens = v.max_prompt_length + v.max_response_length
+    update = micro_batch_per_gpu(config) * tokens
+    return update, update if v.trainer == "v1" else v.log_prob_micro_batch_size_per_gpu * tokens
+
+
+def _critic(config: TrainConfig) -> dict[str, Any]:
+    """The critic's settings; its token budgets: :func:`critic_token_budgets`
+    (``critic.yaml`` lacks ``ppo_infer_max_token_len_per_gpu``, hence ``++``; its
+    ``forward_max_token_len_per_gpu`` is read by nobody)."""
+    c, v = config.critic, config.verl
+    update, no_grad = critic_token_budgets(config)
     out = {
         **_optimizer("critic", c.lr, c.warmup_steps, c.weight_decay, c.grad_clip),
         **_fsdp("critic", "fsdp", v.strategy, v.param_offload, v.optimizer_offload),
         "critic.cliprange_value": c.cliprange_value,
         "critic.use_dynamic_bsz": True,
-        "critic.ppo_max_token_len_per_gpu": micro_batch_per_gpu(config) * tokens,
-        f"++{CRITIC_INFER_TOKENS}": v.log_prob_micro_batch_size_per_gpu * tokens,
+        "critic.ppo_max_token_len_per_gpu": update,
+        f"++{CRITIC_INFER_TOKENS}": no_grad,
     }
     if c.ppo_epochs is not None:  # else verl's default: the actor's
         out["critic.ppo_epochs"] = c.ppo_epochs

@@ -42,15 +42,21 @@ from typing import Any
 
 from agentrl.config import TrainConfig
 
-__all__ = ["GB", "MODEL_SIZES", "ModelSize", "MemoryEstimate", "card_memory_gb",
-           "check_dispatch", "describe", "estimate_memory", "fit", "largest_divisor",
-           "rows_vary", "v1_rank_rows"]
+__all__ = ["CUDA_GRAPH_GB", "GB", "MODEL_SIZES", "ModelSize", "MemoryEstimate",
+           "card_memory_gb", "check_dispatch", "critic_update_tokens", "describe",
+           "estimate_memory", "fit", "largest_divisor", "rows_vary", "v1_rank_rows"]
 
 GB = 1e9
 MARGIN_GB = 4.0
 """Per GPU: CUDA context, NCCL buffers, allocator fragmentation (docs/HARDWARE.md)."""
 VLLM_OVERHEAD_GB = 3.0
 """vLLM's activations and CUDA graphs beside its weights and KV cache."""
+CUDA_GRAPH_GB = 2.0
+"""Per GPU: vLLM's captured CUDA graphs, which stay resident while vLLM sleeps through the
+no-grad forwards and the updates (verl's ``rollout.yaml``: they "can not be offloaded during
+update policy"; vLLM's sleep frees only its weights and KV cache). vLLM logs the real size at
+start-up ("Graph capturing finished ... took N GiB"): 0.5-3.5 GiB reported across models and
+capture sizes; ``rollout.enforce_eager=true`` captures none."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -61,12 +67,23 @@ class ModelSize:
     critic_params: float
     """The critic: the actor's backbone with a one-output head instead of the LM head."""
     vocab: int
+    layers: int
     hidden: int
     intermediate: int
 
+    def activation_bytes_per_token(self) -> float:
+        """With gradient checkpointing: one bf16 hidden state per layer, plus one layer's
+        working set."""
+        return self.layers * self.hidden * 2 + 16 * self.hidden + 6 * self.intermediate
+
     def train_bytes_per_token(self) -> float:
-        """Logits in fp32 and bf16 with their gradients, plus one layer's working set."""
-        return self.vocab * 16 + 16 * self.hidden + 6 * self.intermediate
+        """The actor's update: logits in fp32 and bf16 with their gradients, and the
+        activations."""
+        return self.vocab * 16 + self.activation_bytes_per_token()
+
+    def critic_train_bytes_per_token(self) -> float:
+        """The critic's update: the activations (its head has one output, no logits)."""
+        return self.activation_bytes_per_token()
 
     def infer_bytes_per_token(self) -> float:
         """A no-grad forward: the logits and their log-softmax."""
@@ -74,9 +91,9 @@ class ModelSize:
 
 
 MODEL_SIZES = {
-    "Qwen/Qwen2.5-0.5B-Instruct": ModelSize(0.494e9, 0.494e9, 151_936, 896, 4_864),
-    "Qwen/Qwen2.5-3B-Instruct": ModelSize(3.09e9, 3.09e9, 151_936, 2_048, 11_008),
-    "Qwen/Qwen2.5-7B-Instruct": ModelSize(7.62e9, 7.07e9, 152_064, 3_584, 18_944),
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelSize(0.494e9, 0.494e9, 151_936, 24, 896, 4_864),
+    "Qwen/Qwen2.5-3B-Instruct": ModelSize(3.09e9, 3.09e9, 151_936, 36, 2_048, 11_008),
+    "Qwen/Qwen2.5-7B-Instruct": ModelSize(7.62e9, 7.07e9, 152_064, 28, 3_584, 18_944),
 }
 """The model presets' models; others get no memory estimate (the preflight says so)."""
 
@@ -101,38 +118,56 @@ class MemoryEstimate:
     """Peak GB per GPU in each phase of a step."""
 
     update: float
+    """The actor's update."""
     no_grad: float
+    """The no-grad forwards: old log-probs, reference, values."""
     rollout: float
+    critic: float = 0.0
+    """The critic's update."""
 
     @property
     def peak(self) -> float:
-        return max(self.update, self.no_grad, self.rollout)
+        return max(self.update, self.critic, self.no_grad, self.rollout)
 
     def describe(self) -> str:
         return (f"{self.peak:.1f} GB per GPU at the peak (actor update {self.update:.1f}, "
-                f"no-grad forwards {self.no_grad:.1f}, rollout {self.rollout:.1f})")
+                f"critic update {self.critic:.1f}, no-grad forwards {self.no_grad:.1f}, "
+                f"rollout {self.rollout:.1f})")
+
+
+def critic_update_tokens(config: TrainConfig) -> int:
+    """The tokens of one critic update micro-batch per GPU, as the trainer reads its budget:
+    the legacy trainer ``critic.ppo_max_token_len_per_gpu``, V1
+    ``critic.ppo_infer_max_token_len_per_gpu``
+    (:func:`agentrl.verl.overrides.critic_token_budgets`)."""
+    from agentrl.verl.overrides import critic_token_budgets
+
+    update, no_grad = critic_token_budgets(config)
+    return no_grad if config.verl.trainer == "v1" else update
 
 
 def estimate_memory(config: TrainConfig, card_gb: float) -> MemoryEstimate | None:
-    """docs/HARDWARE.md's per-GPU arithmetic for ``config`` (None: a model it has no sizes of)."""
+    """docs/HARDWARE.md's per-GPU arithmetic for ``config`` (None: a model it has no sizes of).
+    Outside the rollout vLLM sleeps, but its CUDA graphs stay (:data:`CUDA_GRAPH_GB`)."""
     size = MODEL_SIZES.get(config.model.name)
     if size is None:
         return None
     v = config.verl
     gpus = v.nnodes * v.n_gpus_per_node
     both = size.actor_params + size.critic_params
-    if v.optimizer_offload:  # fp32 weights stay; gradients and Adam come back for the update
-        resident = 4 * both / gpus / GB
-        during_update = resident + 12 * size.actor_params / gpus / GB
-    else:
-        resident = during_update = 16 * both / gpus / GB
+    resident = (4 if v.optimizer_offload else 16) * both / gpus / GB
+    # offloaded: fp32 weights stay; a model's gradients and Adam states come back for its update
+    actor_state, critic_state = ((resident + 12 * params / gpus / GB if v.optimizer_offload
+                                  else resident)
+                                 for params in (size.actor_params, size.critic_params))
+    beside = MARGIN_GB + CUDA_GRAPH_GB
     tokens = v.max_prompt_length + v.max_response_length
-    micro = _train_micro(config)
-    update = during_update + micro * tokens * size.train_bytes_per_token() / GB + MARGIN_GB
+    update = actor_state + _train_micro(config) * tokens * size.train_bytes_per_token() / GB
+    critic = critic_state + critic_update_tokens(config) * size.critic_train_bytes_per_token() / GB
     no_grad = (resident + v.log_prob_micro_batch_size_per_gpu * tokens
-               * size.infer_bytes_per_token() / GB + MARGIN_GB)
+               * size.infer_bytes_per_token() / GB)
     rollout = resident + v.gpu_memory_utilization * card_gb + MARGIN_GB
-    return MemoryEstimate(update, no_grad, rollout)
+    return MemoryEstimate(update + beside, no_grad + beside, rollout, critic + beside)
 
 
 # -- fit: adapt what is safe -----------------------------------------------------------------------
@@ -236,7 +271,8 @@ def _shrink(config: TrainConfig, estimate: MemoryEstimate) -> tuple[TrainConfig,
     """One safe step down in memory for the phase at the peak, or (config, None) when none is
     left. Halving keeps a micro-batch a divisor of the share it divides."""
     actor, v = config.actor, config.verl
-    if estimate.update >= estimate.no_grad and actor.micro_batch_size > 1:
+    if max(estimate.update, estimate.critic) >= estimate.no_grad and actor.micro_batch_size > 1:
+        # the critic's update budget is the actor's micro-batch of trajectories too
         micro = largest_divisor(_shares(config)[2], actor.micro_batch_size // 2)
         return (dataclasses.replace(config, actor=dataclasses.replace(actor,
                 micro_batch_size=micro)),

@@ -232,6 +232,68 @@ def test_v1_with_windows_refuses_a_raw_no_grad_micro_batch_verl_would_assert_on(
         replay_v1(cfg, v1_trainer, monkeypatch)
 
 
+class Stop(Exception):
+    """Ends verl's trainer set-up once the critic's worker config is built."""
+
+
+def v1_critic_engine(cfg, trainer_base, monkeypatch):
+    """The critic's engine config as verl 0.9.1's V1 trainer builds it (``PPOTrainer._setup``,
+    stopped at the critic's worker class; no Ray, no model)."""
+    from verl.trainer.ppo.utils import Role, need_critic
+
+    built = {}
+
+    def worker_class(cls, config=None, **kwargs):
+        if isinstance(config, trainer_base.TrainingWorkerConfig):
+            built["engine"] = config.engine_config
+            raise Stop
+        return SimpleNamespace()
+
+    monkeypatch.setattr(trainer_base, "RayClassWithInitArgs", worker_class)
+    pools = SimpleNamespace(create_resource_pool=lambda: None, resource_pool_dict={"pool": "pool"},
+                            get_resource_pool=lambda role: "pool")
+    trainer = SimpleNamespace(
+        config=launch._checkable_copy(cfg), use_critic=need_critic(cfg),
+        use_reference_policy=False, role_worker_mapping={Role.ActorRollout: object,
+                                                         Role.Critic: object},
+        resource_pool_manager=pools, **{step: lambda: None for step in (
+            "_init_tokenizer", "_init_dataloader", "_init_dump_executor",
+            "_init_resource_pool_mgr")})
+    with pytest.raises(Stop):
+        trainer_base.PPOTrainer._setup(trainer)
+    return built["engine"]
+
+
+@pytest.mark.parametrize("model", ["qwen_halfb", "qwen_7b"])
+def test_v1_updates_the_critic_on_the_token_budget_the_memory_estimate_counts(
+        model, v1_trainer, monkeypatch):
+    """V1 hands the critic's engine ``critic.ppo_infer_max_token_len_per_gpu`` as its update
+    budget. On a100 with 7B that was the no-grad forwards' 4 x 5,120 = 20,480 tokens a
+    micro-batch, where the estimate and docs/HARDWARE.md count the actor's micro-batch of 2
+    trajectories, 10,240."""
+    config, _ = preflight.fit(compose_config(["hardware=a100", f"model={model}",
+                                              "verl.trainer=v1"]))
+    cfg = launch.compose_verl_config(launch.verl_overrides(config, launch.task_paths(config)))
+    engine = v1_critic_engine(cfg, v1_trainer, monkeypatch)
+    micro = {"qwen_halfb": 4, "qwen_7b": 2}[model]     # configs/sizing, the preset
+    assert engine.max_token_len_per_gpu == micro * 5_120 == preflight.critic_update_tokens(config)
+    assert engine.infer_max_token_len_per_gpu == engine.max_token_len_per_gpu
+
+
+def test_the_memory_estimate_is_docs_arithmetic_with_vllms_cuda_graphs_in_every_training_phase():
+    """a100 + 3B, the tightest preset: docs/HARDWARE.md's per-GPU arithmetic (12.4 GB of FSDP
+    state, 4 trajectories of 5,120 tokens at 2.68 MB each, the 4 GB margin) plus the 2 GB of
+    CUDA graphs vLLM keeps while it sleeps through the forwards and updates."""
+    config = compose_config(["hardware=a100", "model=qwen_3b"])
+    estimate = preflight.estimate_memory(config, 80)
+    state = 16 * 6.18e9 / 8 / 1e9
+    assert estimate.update == pytest.approx(state + 4 * 5_120 * 2.677e6 / 1e9 + 4 + 2, abs=0.1)
+    assert estimate.no_grad == pytest.approx(state + 4 * 5_120 * 1.519e6 / 1e9 + 4 + 2, abs=0.1)
+    assert estimate.critic == pytest.approx(state + 4 * 5_120 * 0.246e6 / 1e9 + 4 + 2, abs=0.1)
+    assert estimate.rollout == pytest.approx(state + 40 + 4, abs=0.1)  # graphs: in vLLM's share
+    assert estimate.peak < 80
+
+
 def preflight_outcome(hardware, model, shape, nodes, per_node) -> str:
     """'passed' (and verl's dispatch replay passed too) or 'refused: <message>'."""
     try:
