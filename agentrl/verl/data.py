@@ -35,6 +35,11 @@ A row (the contract with the AgentLoop)::
 - ``prompt`` is what the episode really opens with, so verl's prompt-length checks and metrics
   see real lengths. Making it resets each game once: TextWorld games are generated here (in
   parallel, into the on-disk pool the episodes then load them from).
+- **Every first prompt is measured** (:func:`write_tasks`, with the model's tokenizer and chat
+  template) against what the AgentLoop needs of it: at most ``verl.max_prompt_length`` tokens
+  and room left in ``rollout.max_context_tokens``; with context windows also a whole reply
+  beside it in a window's row. A row that fails is refused here, naming the key, instead of
+  raising inside the AgentLoop when verl reaches it mid-training.
 - ``agent_config`` makes a row self-contained: a Ray worker on any node rebuilds the preset
   from it, without our config files. Its ``max_response_tokens`` already includes the run's
   reply limit (``rollout.max_new_tokens``, or ``val.max_new_tokens`` on validation rows), and
@@ -59,8 +64,8 @@ from agentrl.config import TrainConfig
 from agentrl.envs.splits import split_seeds
 from agentrl.verl import AGENT_NAME
 
-__all__ = ["AGENT_NAME", "TRAIN_FILE", "VAL_FILE", "task_rows", "train_tasks", "val_tasks",
-           "write_rows", "write_tasks"]
+__all__ = ["AGENT_NAME", "TRAIN_FILE", "VAL_FILE", "PromptLimits", "prompt_tokenizer",
+           "task_rows", "train_tasks", "val_tasks", "write_rows", "write_tasks"]
 
 TRAIN_FILE, VAL_FILE = "train.parquet", "val.parquet"
 Presets = Mapping[str, AgentConfig] | Sequence[tuple[str, AgentConfig]]
@@ -79,8 +84,67 @@ def task_rows(presets: Presets, seeds: Iterable[int], split: str, *, max_context
                  first_index=first_index)
 
 
-def train_tasks(config: TrainConfig) -> list[dict[str, Any]]:
-    """``train.total_steps * train.group_num`` rows, step by step (see the module docstring)."""
+@dataclasses.dataclass(frozen=True)
+class PromptLimits:
+    """What an episode's first prompt must fit inside verl, measured with ``tokenizer`` (the
+    AgentLoop's own checks, :class:`~agentrl.verl.agent_loop.GameAgentLoop`, made when the task
+    files are written). ``reply_key`` names the run's reply limit (``rollout.max_new_tokens``,
+    or ``val.max_new_tokens`` on validation rows)."""
+
+    tokenizer: Any
+    prompt_length: int
+    response_length: int
+    reply_key: str = "rollout.max_new_tokens"
+
+    @classmethod
+    def of(cls, config: TrainConfig, tokenizer: Any, reply_key: str = "rollout.max_new_tokens"
+           ) -> PromptLimits:
+        return cls(tokenizer, config.verl.max_prompt_length, config.verl.max_response_length,
+                   reply_key)
+
+    def check(self, name: str, preset: AgentConfig, seed: int, prompt: list[dict],
+              max_context_tokens: int) -> None:
+        """ValueError naming the key when the opening chat ``prompt`` of preset ``name`` on
+        ``seed`` cannot be played inside verl's tensors."""
+        from agentrl.rollout.episode import first_prompt_ids
+
+        tokens = len(first_prompt_ids(self.tokenizer, prompt))
+        where = f"the first prompt of preset {name!r} (seed {seed}) has {tokens} tokens"
+        if tokens > self.prompt_length:
+            raise ValueError(f"{where}, more than verl.max_prompt_length={self.prompt_length} "
+                             "(verl pads to it and never cuts an episode's prompt; the episode "
+                             "would stop the run when verl reaches it); allowed: "
+                             f"verl.max_prompt_length >= {tokens}, or a preset whose prompt is "
+                             "shorter")
+        reply = preset.max_response_tokens
+        if preset.windowed and reply > self.response_length:
+            raise ValueError(f"agents.{name}.max_response_tokens={reply} (with {self.reply_key})"
+                             f" is not allowed with context windows and verl.max_response_length"
+                             f"={self.response_length}: a window's row must hold a whole reply; "
+                             f"allowed: at most {self.response_length}, or a longer "
+                             "verl.max_response_length")
+        if preset.windowed:  # a window's row: the first prompt and a whole reply
+            room = tokens + reply
+            what = (f"with a whole reply of agents.{name}.max_response_tokens={reply} (with "
+                    f"{self.reply_key}) needs {room} tokens of")
+        else:
+            room, what = tokens + 1, "leaves no room for a reply in"
+        if room > max_context_tokens:
+            raise ValueError(f"{where}, which {what} rollout.max_context_tokens="
+                             f"{max_context_tokens}; allowed: rollout.max_context_tokens >= "
+                             f"{room}")
+
+
+def prompt_tokenizer(config: TrainConfig) -> Any:
+    """The tokenizer, chat template included, that verl's workers render first prompts with."""
+    from agentrl.models.loading import load_tokenizer
+
+    return load_tokenizer(config.model.name, chat_template=config.model.chat_template)
+
+
+def train_tasks(config: TrainConfig, tokenizer: Any = None) -> list[dict[str, Any]]:
+    """``train.total_steps * train.group_num`` rows, step by step (see the module docstring);
+    with ``tokenizer``, every first prompt measured (:class:`PromptLimits`)."""
     from agentrl.envs.splits import train_seeds
 
     train = config.train
@@ -88,27 +152,38 @@ def train_tasks(config: TrainConfig) -> list[dict[str, Any]]:
     games = [game for step in range(1, train.total_steps + 1)
              for game in _cycle(presets, train_seeds(step, train.group_num, config.seed,
                                                      train.pool))]
-    return _rows(games, "train", **_episode_settings(config))
+    limits = PromptLimits.of(config, tokenizer) if tokenizer is not None else None
+    return _rows(games, "train", **_episode_settings(config), limits=limits)
 
 
-def val_tasks(config: TrainConfig) -> list[dict[str, Any]]:
-    """``val.group_num`` rows per validation preset, on the same held-out seeds."""
+def val_tasks(config: TrainConfig, tokenizer: Any = None) -> list[dict[str, Any]]:
+    """``val.group_num`` rows per validation preset, on the same held-out seeds; with
+    ``tokenizer``, every first prompt measured (:class:`PromptLimits`)."""
     val = config.val
     seeds = split_seeds("val", val.group_num)
     limit = val.max_new_tokens or config.rollout.max_new_tokens
     presets = _capped(config, dict.fromkeys(val.presets), limit)
     games = [(name, preset, seed) for name, preset in presets for seed in seeds]
+    reply_key = "val.max_new_tokens" if val.max_new_tokens else "rollout.max_new_tokens"
+    limits = (PromptLimits.of(config, tokenizer, reply_key) if tokenizer is not None else None)
     # undiscounted: verl's val-core reward (the rewards' sum) is then the episode's return, as
     # the local engine reports it; the turn discount only shapes training
-    return _rows(games, "val", **{**_episode_settings(config), "turn_gamma": 1.0})
+    return _rows(games, "val", **{**_episode_settings(config), "turn_gamma": 1.0},
+                 limits=limits)
 
 
-def write_tasks(config: TrainConfig, out_dir: str | Path) -> tuple[Path, Path]:
-    """Write ``train.parquet`` and ``val.parquet`` into ``out_dir``; returns their paths."""
+def write_tasks(config: TrainConfig, out_dir: str | Path, tokenizer: Any = None
+                ) -> tuple[Path, Path]:
+    """Write ``train.parquet`` and ``val.parquet`` into ``out_dir``; returns their paths. Every
+    first prompt is measured with ``tokenizer`` (default: the model's,
+    :func:`prompt_tokenizer`) before anything is written; ValueError naming the key where one
+    does not fit (:class:`PromptLimits`)."""
+    tokenizer = prompt_tokenizer(config) if tokenizer is None else tokenizer
     folder = Path(out_dir)
     train_path, val_path = folder / TRAIN_FILE, folder / VAL_FILE
-    write_rows(train_tasks(config), train_path)
-    write_rows(val_tasks(config), val_path)
+    train, val = train_tasks(config, tokenizer), val_tasks(config, tokenizer)
+    write_rows(train, train_path)
+    write_rows(val, val_path)
     return train_path, val_path
 
 
@@ -141,15 +216,22 @@ def _cycle(presets: Presets, seeds: Iterable[int]) -> list[Game]:
 
 
 def _rows(games: list[Game], split: str, *, max_context_tokens: int, reward_placement: str,
-          turn_gamma: float = 1.0, first_index: int = 0) -> list[dict[str, Any]]:
-    """The rows of ``games``; each game is reset once for its opening chat."""
+          turn_gamma: float = 1.0, first_index: int = 0, limits: PromptLimits | None = None
+          ) -> list[dict[str, Any]]:
+    """The rows of ``games``; each game is reset once for its opening chat, which ``limits``
+    (when given) measures."""
     configs = {name: config for name, config, _ in games}
     agents = {name: Agent(config) for name, config in configs.items()}
+    rows = []
     try:
         _pregenerate(agents, games)
-        return [_row(first_index + i, name, config, agents[name].reset(seed=seed), seed, split,
-                     max_context_tokens, reward_placement, turn_gamma)
-                for i, (name, config, seed) in enumerate(games)]
+        for i, (name, config, seed) in enumerate(games):
+            prompt = agents[name].reset(seed=seed)
+            if limits is not None:
+                limits.check(name, config, seed, prompt, max_context_tokens)
+            rows.append(_row(first_index + i, name, config, prompt, seed, split,
+                             max_context_tokens, reward_placement, turn_gamma))
+        return rows
     finally:
         for agent in agents.values():
             agent.close()

@@ -15,6 +15,18 @@ SFT_TIMEOUT_S = 600
 session, and the tests that need it fail, instead of holding CI to its limit."""
 
 
+@pytest.fixture
+def embedded_prompt_tokenizer(monkeypatch):
+    """A launch measures every first prompt with the model's tokenizer
+    (:func:`agentrl.verl.data.prompt_tokenizer`); a hub model's is not on a CI machine, and
+    tests download nothing: the embedded model's tokenizer (a ChatML template, as Qwen2.5's)
+    stands in."""
+    from agentrl.models import load_tokenizer
+    from agentrl.verl import data
+
+    monkeypatch.setattr(data, "prompt_tokenizer", lambda config: load_tokenizer("embedded"))
+
+
 @pytest.fixture(scope="session")
 def model_dir(tmp_path_factory):
     """The tiny model's tokenizer and config as an HF folder: what verl's workers load from

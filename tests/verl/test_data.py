@@ -136,6 +136,37 @@ def test_verl_loads_the_files_in_step_order(config, written, tmp_path, monkeypat
     assert step == config.train.total_steps
 
 
+SMALL = ["train.total_steps=1", "train.group_num=2", "train.group_size=1", "val.group_num=1",
+         "train.presets=[simpleSokobanAgent]", "val.presets=[simpleSokobanAgent]"]
+WINDOWED = ["train.presets=[tightBlocksworldTurnsAgent]",  # context: state, replies of 32
+            "val.presets=[tightBlocksworldTurnsAgent]"]
+
+
+@pytest.mark.parametrize(("overrides", "message"), [
+    (["verl.max_prompt_length=64"],
+     r"the first prompt of preset 'simpleSokobanAgent' \(seed \d+\) has \d{3} tokens, more than "
+     r"verl.max_prompt_length=64 .*allowed: verl.max_prompt_length >= \d{3}"),
+    (["rollout.max_context_tokens=128"],
+     r"preset 'simpleSokobanAgent' .* leaves no room for a reply in "
+     r"rollout.max_context_tokens=128; allowed: rollout.max_context_tokens >= \d{3}"),
+    ([*WINDOWED, "verl.max_response_length=16"],
+     r"agents.tightBlocksworldTurnsAgent.max_response_tokens=32 \(with rollout.max_new_tokens\) "
+     r"is not allowed with context windows and verl.max_response_length=16"),
+    ([*WINDOWED, "rollout.max_context_tokens=120"],
+     r"preset 'tightBlocksworldTurnsAgent' .* has 1\d\d tokens, which with a whole reply of "
+     r"agents.tightBlocksworldTurnsAgent.max_response_tokens=32 .* needs 1\d\d tokens of "
+     r"rollout.max_context_tokens=120"),
+])
+def test_a_first_prompt_verl_cannot_play_is_refused_when_the_tasks_are_written(
+        overrides, message, tmp_path):
+    """The AgentLoop would raise when verl reached the row, minutes or hours into the run; the
+    task files measure every first prompt with the model's tokenizer and write nothing."""
+    config = compose_config([*SMALL, *overrides])
+    with pytest.raises(ValueError, match=message):
+        data.write_tasks(config, tmp_path / "data")
+    assert not (tmp_path / "data").exists()
+
+
 def test_task_paths_live_in_the_run_dir(config):
     train, val = task_paths(config)
     assert train.parent == val.parent == config.run_dir / "data"

@@ -195,7 +195,8 @@ def test_dry_run_prints_verls_config_and_the_command_and_writes_nothing(tmp_path
     assert not run_dir.exists()
 
 
-def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch):
+def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch,
+                                                       embedded_prompt_tokenizer):
     calls = []
 
     def verl_run(command, env, check, **kwargs):

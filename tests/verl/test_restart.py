@@ -169,7 +169,8 @@ def test_the_verl_process_dies_with_its_launcher(tmp_path):
     assert not restart._alive(child)
 
 
-def test_the_launch_repairs_the_tracker_and_continues_the_wandb_run(tmp_path, monkeypatch):
+def test_the_launch_repairs_the_tracker_and_continues_the_wandb_run(tmp_path, monkeypatch,
+                                                                    embedded_prompt_tokenizer):
     from agentrl.config import compose_config
     from agentrl.verl import launch
 
