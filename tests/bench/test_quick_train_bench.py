@@ -96,9 +96,11 @@ def test_an_existing_evidence_file_is_not_overwritten(bench, run, tmp_path):
     assert json.loads(out.read_text())["runs"]
 
 
-def test_a_folder_without_metrics_is_named(bench, tmp_path):
-    with pytest.raises(SystemExit, match=str(tmp_path / "empty" / "metrics.jsonl")):
+def test_a_folder_without_metrics_is_named(bench, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exit_info:
         bench.main(["--from-run", str(tmp_path / "empty"), "--out", str(tmp_path / "x.json")])
+    assert exit_info.value.code == 2
+    assert f"--from-run {tmp_path / 'empty'}: no metrics.jsonl there" in capsys.readouterr().err
 
 
 def test_metrics_without_validation_are_named(bench, run, tmp_path):
