@@ -383,10 +383,10 @@ class PPOUpdate:
                     micro, shared_prefix_tokens=self.config.actor.shared_prefix_tokens,
                     prefix=prefix)
         features = features.to(device)
-        rows = [int(r) for r in micro["row"]]
-        if not self._observed_rows.issuperset(rows):  # the step's first pass over these rows
+        rows = [int(r) for r in micro["row"]] if "row" in micro else None
+        if rows is None or not self._observed_rows.issuperset(rows):  # the step's first pass
             self.critic.observe(features, mask[:, :features.shape[1]])
-            self._observed_rows.update(rows)
+            self._observed_rows.update(rows or ())
         with self._precision():
             vpreds = self.critic.values_from(features)
         old, returns = micro.get("values"), micro.get("returns")
