@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import itertools
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -15,8 +16,11 @@ import yaml
 from omegaconf import OmegaConf
 from verl_fakes import fake_transfer_queue
 
+from agentrl import cli
 from agentrl.config import compose_config
-from agentrl.verl import launch, preflight
+from agentrl.verl import constrained, launch, preflight
+
+ROOT = Path(__file__).resolve().parents[2]
 
 GPU_PRESETS = ["a100", "l40"]
 """h100 is a100 with its own name (tests/verl/test_launch.py): the same sizes, the same checks."""
@@ -39,10 +43,10 @@ def layouts(gpus: int) -> list[tuple[int, int]]:
 
 
 @functools.lru_cache(maxsize=None)
-def base(hardware: str, model: str, shape: tuple[int, int] | None):
+def base(hardware: str, model: str, shape: tuple[int, int] | None, extra: tuple[str, ...] = ()):
     """Our config and verl's composed one (composing takes seconds: once per preset and shape),
-    with the overrides last applied to the latter."""
-    overrides = [f"hardware={hardware}", f"model={model}"]
+    with the overrides last applied to the latter (``extra``: more overrides of ours)."""
+    overrides = [f"hardware={hardware}", f"model={model}", *extra]
     if shape:
         overrides += [f"train.group_num={shape[0]}", f"train.group_size={shape[1]}"]
     config = compose_config(overrides)
@@ -325,6 +329,75 @@ def test_every_gpu_count_passes_verls_dispatch_or_is_refused_naming_a_key(hardwa
     assert (None, 1, 8) in passed and (None, 2, 8) in passed
     if hardware == "a100":
         assert (None, 4, 8) in passed      # 32 GPUs: 4 trajectories each, micro-batches fit
+
+
+HARDWARE = sorted(path.stem for path in (ROOT / "configs" / "hardware").glob("*.yaml"))
+ALL_MODELS = sorted(path.stem for path in (ROOT / "configs" / "model").glob("*.yaml"))
+
+
+def v1_dry_run_outcome(hardware: str, model: str, nodes: int, per_node: int):
+    """What ``agentrl train --dry-run hardware=<hardware> model=<model> verl.trainer=v1`` with
+    the windowed preset does on ``nodes`` x ``per_node`` GPUs, step by step as
+    :func:`agentrl.verl.launch.launch` (our config's rules, the preflight's fitting, verl's
+    composed config checked by verl's ``validate_config``, the masks' rules, the dispatch
+    divisions): ('passed', verl's config) or ('refused: <message>', None). verl's config is
+    composed once per preset pair, the values that change with the GPUs applied to it."""
+    try:
+        config, verl_config, applied = base(hardware, model, None, tuple(WINDOWED_V1))
+        config = dataclasses.replace(config, verl=dataclasses.replace(
+            config.verl, nnodes=nodes, n_gpus_per_node=per_node))
+        config, _ = preflight.fit(config)
+        cfg = apply(verl_config, applied, launch.verl_overrides(config, launch.task_paths(config)))
+        launch.validate_verl_config(cfg)
+        constrained.check_verl_config(cfg)
+        preflight.check_dispatch(cfg, preflight.rows_vary(config))
+    except ValueError as refusal:
+        return f"refused: {refusal}", None
+    assert preflight.rows_vary(config)
+    return "passed", cfg
+
+
+@pytest.mark.slow  # 120 dry runs: about a minute
+def test_v1_dry_runs_with_windows_pass_verls_dispatch_or_are_refused_naming_a_key(
+        v1_trainer, monkeypatch):
+    """Every verl hardware preset x every model preset x 1, 4, 8 and 16 GPUs (one node; 16
+    also as 2 nodes of 8) on the V1 trainer with the windowed default preset: each dry run is
+    refused naming a key, or passes and then survives verl's own V1 padding, split and
+    micro-batching on every row count a step can have."""
+    verl_hardware = [name for name in HARDWARE  # cpu.yaml is the local engine's
+                     if compose_config([f"hardware={name}"]).backend == "verl"]
+    assert {"a100", "h100", "l40", "cpu-verl"} <= set(verl_hardware) == set(HARDWARE) - {"cpu"}
+    outcomes = {}
+    for hardware, model, gpus in itertools.product(verl_hardware, ALL_MODELS, (1, 4, 8, 16)):
+        for nodes, per_node in layouts(gpus):
+            outcome, cfg = v1_dry_run_outcome(hardware, model, nodes, per_node)
+            outcomes[hardware, model, nodes, per_node] = outcome
+            if outcome == "passed":
+                replay_v1(cfg, v1_trainer, monkeypatch)
+            else:
+                assert any(key in outcome for key in KEY_NAMED), outcome
+    passed = {key for key, outcome in outcomes.items() if outcome == "passed"}
+    refused = {key: outcome.split(" ", 2)[1] for key, outcome in outcomes.items()
+               if key not in passed}
+    print(f"{len(outcomes)} dry runs: {len(passed)} passed; refused by the key first named: "
+          + ", ".join(f"{key}: {sum(v == key for v in refused.values())}"
+                      for key in sorted(set(refused.values()))))
+    # every GPU preset runs every Qwen preset on a node of 8 and on 2 nodes of 8
+    for hardware, model in itertools.product(("a100", "h100", "l40"), MODELS):
+        assert {(hardware, model, 1, 8), (hardware, model, 2, 8)} <= passed
+
+
+def test_a_v1_dry_run_with_windows_prints_the_fitted_no_grad_micro_batch(tmp_path, capsys):
+    """The review's case end to end through ``agentrl train --dry-run``: a100 + qwen_halfb
+    with the windowed preset on V1 gets no-grad micro-batches of 4, not the preset's 8."""
+    assert cli.main(["train", "--dry-run", "hardware=a100", "model=qwen_halfb", *WINDOWED_V1,
+                     f"run_dir={tmp_path / 'run'}"]) == 0
+    out = capsys.readouterr().out
+    printed = yaml.safe_load(out.split("# verl's config above passed verl's checks.")[0])
+    assert printed["trainer"]["use_v1"] is True
+    for role in ("rollout", "ref"):
+        assert printed["actor_rollout_ref"][role]["log_prob_micro_batch_size_per_gpu"] == 4
+    assert "# preflight: verl.log_prob_micro_batch_size_per_gpu 8 -> 4" in out
 
 
 def test_the_reviews_l40_two_node_case_is_adapted_not_left_to_die():
