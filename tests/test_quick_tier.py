@@ -15,6 +15,8 @@ TESTS = Path(__file__).parent
 
 REACHED_THROUGH = {
     "agentrl.cli.arguments": "tests/test_bad_inputs.py",  # every command's argument errors
+    "agentrl.cli.interrupt": "tests/test_cli_train.py",  # Ctrl-C in a subprocess
+    "agentrl.cli.run_settings": "tests/test_cli_eval.py",  # eval of a run as it validated
     "agentrl.cli.make_data": "tests/test_bad_inputs.py",  # `agentrl make-data` refusals
     "agentrl.cli.play": "tests/test_cli_play.py",
     "agentrl.cli.report": "tests/report/test_report.py",
@@ -30,6 +32,7 @@ REACHED_THROUGH = {
     "agentrl.models.embedded": "tests/models/test_loading.py",  # through loading
     "agentrl.models.parts": "tests/engines/test_features.py",
     "agentrl.models.tiny": "tests/models/test_loading.py",  # load_model("tiny")
+    "agentrl.trainers.best": "tests/trainers/test_best_checkpoint.py",  # through LocalTrainer
     "agentrl.trainers.device": "tests/trainers/test_gae_wiring.py",
     "agentrl.trainers.episodes": "tests/trainers/test_gae_wiring.py",
     "agentrl.trainers.reference": "tests/trainers/test_reference.py",

@@ -33,7 +33,7 @@ from agentrl.evaluation.stats import rounded
 from agentrl.trainers.checkpoint import read_best
 from agentrl.trainers.episode_log import read_episodes, step_files
 from agentrl.trainers.plots import PANELS, panel_keys, run_title, warm_start_steps, y_limits
-from agentrl.trainers.tracking import read_metrics
+from agentrl.trainers.tracking import read_metrics, run_config
 
 __all__ = ["CURVE_SUFFIXES", "TRAINER_KEYS", "charts", "eval_data", "read_eval_file", "run_data",
            "spread"]
@@ -83,22 +83,6 @@ def _flatten(config: Any, prefix: str = "") -> list[list[str]]:
         return rows
     text = json.dumps(config) if isinstance(config, (list, dict)) else str(config)
     return [[prefix[:-1], text[:300]]]
-
-
-def run_config(run_dir: Path) -> dict[str, Any]:
-    """The run's resolved config: ``config.yaml`` in the run folder, else the newest
-    checkpoint's; ``{}`` when neither exists."""
-    import yaml
-
-    candidates = [run_dir / "config.yaml"]
-    checkpoints = run_dir / "checkpoints"
-    if checkpoints.is_dir():
-        candidates += sorted(checkpoints.glob("step_*/config.yaml"), reverse=True)
-    for path in candidates:
-        if path.is_file():
-            loaded = yaml.safe_load(path.read_text())
-            return loaded if isinstance(loaded, dict) else {}
-    return {}
 
 
 def _summary(config: Mapping[str, Any], extra: Iterable[tuple[str, str]] = ()) -> dict:

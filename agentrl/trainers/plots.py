@@ -45,7 +45,7 @@ from matplotlib.ticker import MaxNLocator
 
 from agentrl.evaluation.references import played_references
 from agentrl.evaluation.stats import wilson_interval
-from agentrl.trainers.tracking import file_mode, matching_keys, read_metrics
+from agentrl.trainers.tracking import file_mode, matching_keys, read_metrics, run_config
 
 __all__ = ["PANELS", "REFERENCES_FILE", "Panel", "learning_curves_figure", "panel_keys",
            "plot_learning_curves", "reference_success", "run_title", "success_band",
@@ -265,9 +265,8 @@ def _mark_warm_start(axes, records, sft_steps: int, legend: bool) -> None:
 
 
 def _run_config(run_dir: Path) -> dict[str, Any]:
-    """The run's resolved config (:func:`agentrl.report.data.run_config`); {} when unreadable."""
-    from agentrl.report.data import run_config
-
+    """The run's resolved config (:func:`agentrl.trainers.tracking.run_config`); {} when
+    unreadable."""
     try:
         return run_config(run_dir)
     except (OSError, ValueError):

@@ -54,8 +54,8 @@ from agentrl.rollout.episode_record import episode_table, sample_line
 
 __all__ = [
     "METRICS_FILE", "REDACTED", "RUN_FILE", "WANDB_MODES", "RunTracker", "keep_metrics",
-    "matching_keys", "metrics_record", "new_run_id", "public_config", "read_metrics", "resolve_wandb_mode",
-    "run_id_for", "summary_line",
+    "matching_keys", "metrics_record", "new_run_id", "public_config", "read_metrics",
+    "resolve_wandb_mode", "run_config", "run_id_for", "summary_line",
 ]
 
 log = logging.getLogger(__name__)
@@ -167,6 +167,22 @@ def scrub(text: str) -> str:
 
 
 # --- metrics file --------------------------------------------------------------------------
+
+def run_config(run_dir: Path) -> dict[str, Any]:
+    """The run's resolved config: ``config.yaml`` in the run folder, else the newest
+    checkpoint's; ``{}`` when neither exists."""
+    import yaml
+
+    candidates = [run_dir / "config.yaml"]
+    checkpoints = run_dir / "checkpoints"
+    if checkpoints.is_dir():
+        candidates += sorted(checkpoints.glob("step_*/config.yaml"), reverse=True)
+    for path in candidates:
+        if path.is_file():
+            loaded = yaml.safe_load(path.read_text())
+            return loaded if isinstance(loaded, dict) else {}
+    return {}
+
 
 def read_metrics(path: str | Path) -> list[dict[str, Any]]:
     """The records of a metrics JSONL, in file order. A half-written last line (a crash while
