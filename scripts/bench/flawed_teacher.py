@@ -45,16 +45,12 @@ them over processes sharing ``--run-dir``.
 from __future__ import annotations
 
 import argparse
-import asyncio
-import gc
 import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from agentrl.cli.bench import script_module, write_result
-from agentrl.engines import BatchingLLM, SamplingParams
-from agentrl.evaluation import evaluate
 
 LEARN = script_module(Path(__file__).parent / "learn.py")
 """The warm-start and PPO stages, their configs and stage records (scripts/bench/learn.py)."""
@@ -151,30 +147,7 @@ def stage_configs(args: argparse.Namespace) -> dict[str, Any]:
 def held_out_wins(config: Any) -> list[bool]:
     """Each held-out game's win (in the split's seed order) of ``config.model``, greedy and
     constrained as PPO's validation and learn.py's evaluation play."""
-    import torch
-
-    from agentrl.models import load_model
-
-    if config.threads > 0:
-        torch.set_num_threads(config.threads)
-    model, tokenizer = load_model(config.model.name, dtype="float32",
-                                  chat_template=config.model.chat_template)
-    r = config.rollout
-    tokens = config.val.max_new_tokens or r.max_new_tokens
-    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed,
-                      prefix_cache_tokens=r.prefix_cache_tokens,
-                      compute_dtype=None if config.model.dtype == "float32" else config.model.dtype)
-    try:
-        result = asyncio.run(evaluate(
-            dict(config.playing_presets(config.val.presets, tokens)), llm,
-            groups=config.val.group_num, tokenizer=tokenizer,
-            sampling=SamplingParams(greedy=True, max_new_tokens=tokens,
-                                    constrained_actions=config.constrained_actions),
-            max_context_tokens=r.max_context_tokens, label="paired"))
-    finally:
-        llm.close()
-        del model
-        gc.collect()
+    result = LEARN.play_held_out(config, label="paired")
     won = {t.seed: bool(t.success) for t in result.trajectories}
     return [won[seed] for seed in result.seeds]
 

@@ -366,8 +366,13 @@ def untrained_stage(configs: Configs, constrained: bool) -> dict[str, Any]:
 
 
 def evaluate_model(config: Any) -> dict[str, Any]:
+    """Greedy held-out play of ``config.model`` as PPO's validation plays it: its row."""
+    return eval_row(play_held_out(config), config.val.presets[0])
+
+
+def play_held_out(config: Any, label: str = "model") -> EvalResult:
     """Greedy held-out play of ``config.model`` as PPO's validation plays it (float32 weights,
-    ``model.dtype`` as the compute dtype)."""
+    ``model.dtype`` as the compute dtype), every episode in the result."""
     import torch
 
     if config.threads > 0:
@@ -386,10 +391,12 @@ def evaluate_model(config: Any) -> dict[str, Any]:
             groups=config.val.group_num, tokenizer=tokenizer,
             sampling=SamplingParams(greedy=True, max_new_tokens=tokens,
                                     constrained_actions=config.constrained_actions),
-            max_context_tokens=r.max_context_tokens, label="untrained"))
+            max_context_tokens=r.max_context_tokens, label=label))
     finally:
         llm.close()
-    return eval_row(result, config.val.presets[0])
+        del model
+        gc.collect()
+    return result
 
 
 def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str, Any]:
