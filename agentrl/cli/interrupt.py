@@ -18,11 +18,13 @@ newest intact checkpoint.
 from __future__ import annotations
 
 import asyncio
+import logging
 import shlex
 import signal
 import sys
 import threading
 import traceback
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from types import TracebackType
@@ -96,11 +98,16 @@ def stage_of(tb: TracebackType | None) -> str | None:
 def close_quietly(trainer: Any) -> None:
     """``trainer.close()`` after an interrupt: whatever it raises (a second Ctrl-C included)
     is dropped; the process is ending."""
+    # the process is ending: what the half-played episodes leave behind (asyncio's log of a
+    # task the interrupt hit, a coroutine never awaited) is not news, the line about it is
+    warnings.simplefilter("ignore")
+    logging.getLogger("asyncio").setLevel(logging.CRITICAL + 1)
     if trainer is None:
         return
     try:
         loop = getattr(trainer, "loop", None)
         if loop is not None and not loop.is_closed():  # the episodes Ctrl-C left half played
+            loop.set_exception_handler(lambda loop, context: None)
             pending = asyncio.all_tasks(loop)
             for task in pending:
                 task.cancel()

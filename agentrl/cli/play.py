@@ -70,7 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="wait for Enter after each model turn (q or end of input stops)")
 
 
-def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
+def run(args: argparse.Namespace, stdin=None, out=None) -> int:
+    stdin = sys.stdin if stdin is None else stdin  # the streams of now, not of import time
+    out = sys.stdout if out is None else out
     if args.model is not None:
         from agentrl.cli import watch
         from agentrl.trainers.checkpoint import chosen_model

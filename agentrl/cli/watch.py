@@ -91,8 +91,10 @@ class WatchedAgent(AgentWrapper):
         return result
 
 
-def run(args: argparse.Namespace, stdin=sys.stdin, out=sys.stdout) -> int:
+def run(args: argparse.Namespace, stdin=None, out=None) -> int:
     """Load the model and let it play one episode of ``args.game`` on ``args.seed``."""
+    stdin = sys.stdin if stdin is None else stdin  # the streams of now, not of import time
+    out = sys.stdout if out is None else out
     from agentrl.cli.arguments import check_device
     from agentrl.cli.eval import load_named_model
     from agentrl.engines import BatchingLLM, SamplingParams
