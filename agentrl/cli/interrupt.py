@@ -25,13 +25,13 @@ import sys
 import threading
 import traceback
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-__all__ = ["AFTER_STEP", "EXIT_INTERRUPTED", "Interrupts", "close_quietly", "resume_command",
-           "say", "stage_of", "stopped_line"]
+__all__ = ["AFTER_STEP", "EXIT_INTERRUPTED", "Interrupts", "close_quietly", "fit_or_stop",
+           "resume_command", "say", "stage_of", "stopped_line"]
 
 EXIT_INTERRUPTED = 130
 """128 + SIGINT: what a shell reports for a command stopped by Ctrl-C."""
@@ -115,6 +115,24 @@ def close_quietly(trainer: Any) -> None:
         trainer.close()
     except BaseException:  # noqa: BLE001 - the line about the interrupt matters more
         pass
+
+
+def fit_or_stop(make_trainer: Callable[[], Any], stopped: Callable[[BaseException, Any], str]
+                ) -> tuple[Any, Any] | None:
+    """``(trainer, trainer.fit())``, or None after Ctrl-C (anywhere, the trainer's start-up
+    included): the trainer closed quietly and ``stopped(error, trainer)``'s one line said (the
+    trainer None when Ctrl-C came before it was built). Any other error is raised."""
+    trainer = None
+    with Interrupts() as interrupts:
+        try:
+            trainer = make_trainer()
+            return trainer, trainer.fit()
+        except BaseException as error:
+            if not interrupts.caught(error):
+                raise
+            close_quietly(trainer)
+            say(stopped(error, trainer))
+            return None
 
 
 def resume_command(command: str, overrides: Sequence[str]) -> str:

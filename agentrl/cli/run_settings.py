@@ -26,8 +26,6 @@ from agentrl.evaluation.decoding import Decoding, run_decoding
 
 __all__ = ["RunSettings", "played_presets", "run_settings"]
 
-CONFIG_FILE = "config.yaml"
-"""A checkpoint's resolved config (``agentrl.trainers.checkpoint.CONFIG_FILE``)."""
 
 
 @dataclass(frozen=True)
@@ -48,7 +46,7 @@ class RunSettings:
 def run_settings(model: str) -> RunSettings | None:
     """The settings of the run or checkpoint ``model`` names; None for anything else (a model
     folder, a built-in model, a hub id, a path that loads nothing: loading says why)."""
-    from agentrl.trainers.checkpoint import model_folder
+    from agentrl.trainers.checkpoint import CONFIG_FILE, model_folder
 
     path = Path(model).expanduser()
     if not path.exists():

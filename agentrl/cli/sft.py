@@ -28,7 +28,7 @@ import shlex
 from pathlib import Path
 
 from agentrl.cli.interrupt import (
-    EXIT_INTERRUPTED, Interrupts, close_quietly, resume_command, say, stage_of, stopped_line,
+    EXIT_INTERRUPTED, fit_or_stop, resume_command, stage_of, stopped_line,
 )
 from agentrl.cli.train import add_config_arguments, config_to_run, newest_checkpoint
 
@@ -49,20 +49,16 @@ def run(args: argparse.Namespace) -> int:
         return launch_sft(config, dry_run=args.dry_run)
     from agentrl.trainers.sft import SFTTrainer
 
-    trainer = None
-    with Interrupts() as interrupts:
-        try:
-            trainer = SFTTrainer(config)
-            result = trainer.fit()
-        except BaseException as error:
-            if not interrupts.caught(error):
-                raise
-            close_quietly(trainer)
-            stage = stage_of(error.__traceback__) or "start-up"
-            say(stopped_line(f"SFT's {stage}" if stage != "start-up" else stage,
-                             newest_checkpoint(_output_dir(config)),
-                             resume_command("sft", args.overrides), resumes=False))
-            return EXIT_INTERRUPTED
+    def stopped(error: BaseException, trainer) -> str:
+        stage = stage_of(error.__traceback__)
+        return stopped_line(f"SFT's {stage}" if stage else "start-up",
+                            newest_checkpoint(_output_dir(config)),
+                            resume_command("sft", args.overrides), resumes=False)
+
+    fitted = fit_or_stop(lambda: SFTTrainer(config), stopped)
+    if fitted is None:
+        return EXIT_INTERRUPTED
+    trainer, result = fitted
     trainer.close()
     print(f"\nSFT: {result.demonstrations} demonstrations, {result.tokens} reply tokens, "
           f"{result.updates} updates in {result.seconds['train']:.0f} s; loss "

@@ -41,8 +41,7 @@ import yaml
 
 import agentrl
 from agentrl.cli.interrupt import (
-    AFTER_STEP, EXIT_INTERRUPTED, Interrupts, close_quietly, resume_command, say, stage_of,
-    stopped_line,
+    AFTER_STEP, EXIT_INTERRUPTED, fit_or_stop, resume_command, stage_of, stopped_line,
 )
 from agentrl.config import compose_config
 from agentrl.evaluation.decoding import run_decoding
@@ -98,19 +97,12 @@ def run(args: argparse.Namespace) -> int:
 
     resume_checkpoint(config.run_dir, config.resume, config.to_dict())  # before the model loads
     print(f"validation decoding: {run_decoding(config.to_dict()).describe()}", flush=True)
-    trainer = None
-    with Interrupts() as interrupts:
-        try:
-            trainer = LocalTrainer(config)
-            result = trainer.fit()
-        except BaseException as error:
-            if not interrupts.caught(error):
-                raise
-            close_quietly(trainer)
-            say(stopped_line(_where(stage_of(error.__traceback__), trainer),
-                             newest_checkpoint(config.run_dir),
-                             resume_command("train", args.overrides)))
-            return EXIT_INTERRUPTED
+    fitted = fit_or_stop(lambda: LocalTrainer(config), lambda error, trainer: stopped_line(
+        _where(stage_of(error.__traceback__), trainer), newest_checkpoint(config.run_dir),
+        resume_command("train", args.overrides)))
+    if fitted is None:
+        return EXIT_INTERRUPTED
+    trainer, result = fitted
     trainer.close()
     print(f"\nrun {result.run_id}: {result.step} steps in {result.run_dir}")
     last = _held_out(result.step, result.last_val_success)
