@@ -286,8 +286,8 @@ class RowConstraint:
             if not grammar.run(self.states, texts.text(token)):
                 continue
             need = len(ids) - len(region)  # this token's followers and the end-of-turn token
-            if grammar.is_free(grammar.run(self.states, ending)):  # '<think>': then the thinking
-                need += self._free_reserve() - 1
+            if grammar.think and grammar.is_free(grammar.run(self.states, ending)):
+                need += self._free_reserve() - 1  # '<think>': then the thinking
             needs[token] = min(need, needs.get(token, need))
         if not needs:
             return self._options(self.states)

@@ -88,13 +88,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import dataclasses
 import gc
 import json
 import shutil
 import statistics
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -370,9 +371,10 @@ def evaluate_model(config: Any) -> dict[str, Any]:
     return eval_row(play_held_out(config), config.val.presets[0])
 
 
-def play_held_out(config: Any, label: str = "model") -> EvalResult:
-    """Greedy held-out play of ``config.model`` as PPO's validation plays it (float32 weights,
-    ``model.dtype`` as the compute dtype), every episode in the result."""
+@contextlib.contextmanager
+def engine(config: Any) -> Iterator[tuple[BatchingLLM, Any]]:
+    """``(llm, tokenizer)``: ``config.model`` as PPO's validation plays it (float32 weights on
+    ``config.device``, ``model.dtype`` as the compute dtype), closed and freed afterwards."""
     import torch
 
     if config.threads > 0:
@@ -381,22 +383,29 @@ def play_held_out(config: Any, label: str = "model") -> EvalResult:
     model, tokenizer = load_model(config.model.name, dtype="float32", device=device,
                                   chat_template=config.model.chat_template)
     r = config.rollout
-    tokens = config.val.max_new_tokens or r.max_new_tokens
     llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed, device=device,
                       prefix_cache_tokens=r.prefix_cache_tokens,
                       compute_dtype=None if config.model.dtype == "float32" else config.model.dtype)
     try:
-        result = asyncio.run(evaluate(
+        yield llm, tokenizer
+    finally:
+        llm.close()
+        del model
+        gc.collect()
+
+
+def play_held_out(config: Any, label: str = "model") -> EvalResult:
+    """Greedy held-out play of ``config.model`` as PPO's validation plays it, every episode in
+    the result."""
+    r = config.rollout
+    tokens = config.val.max_new_tokens or r.max_new_tokens
+    with engine(config) as (llm, tokenizer):
+        return asyncio.run(evaluate(
             dict(config.playing_presets(config.val.presets, tokens)), llm,
             groups=config.val.group_num, tokenizer=tokenizer,
             sampling=SamplingParams(greedy=True, max_new_tokens=tokens,
                                     constrained_actions=config.constrained_actions),
             max_context_tokens=r.max_context_tokens, label=label))
-    finally:
-        llm.close()
-        del model
-        gc.collect()
-    return result
 
 
 def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str, Any]:

@@ -33,17 +33,14 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import gc
 import statistics
 import time
 from pathlib import Path
 from typing import Any
 
 from agentrl.cli.bench import script_module, write_result
-from agentrl.engines import BatchingLLM, SamplingParams
+from agentrl.engines import SamplingParams
 from agentrl.envs.splits import train_seeds
-from agentrl.models import load_model
-from agentrl.trainers.device import resolve_device
 from agentrl.rollout.groups import run_groups
 from agentrl.trainers.tracking import read_metrics
 
@@ -103,24 +100,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 def play(config: Any, seeds: list[int], episodes: int, greedy: bool) -> list[int]:
     """Wins of each game in ``seeds`` over ``episodes`` constrained episodes of
     ``config.model`` (greedy, or sampled as training samples)."""
-    device = resolve_device(config.device)
-    model, tokenizer = load_model(config.model.name, dtype="float32", device=device,
-                                  chat_template=config.model.chat_template)
     r = config.rollout
-    llm = BatchingLLM(model, tokenizer, max_batch=r.max_batch, seed=config.seed, device=device,
-                      prefix_cache_tokens=r.prefix_cache_tokens)
     sampling = SamplingParams(greedy=greedy, temperature=r.temperature, top_p=r.top_p,
                               top_k=r.top_k, max_new_tokens=r.max_new_tokens,
                               constrained_actions=True)
-    try:
+    with LEARN.engine(config) as (llm, tokenizer):
         trajectories = asyncio.run(run_groups(
             config.playing_presets(config.train.presets[:1], r.max_new_tokens), llm, tokenizer,
             sampling, group_num=len(seeds), group_size=episodes, seeds=seeds,
             max_context_tokens=r.max_context_tokens))
-    finally:
-        llm.close()
-        del model
-        gc.collect()
     wins = {seed: 0 for seed in seeds}
     for trajectory in trajectories:
         wins[trajectory.seed] += bool(trajectory.success)
