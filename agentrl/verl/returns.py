@@ -27,18 +27,26 @@ response token t at the position before t (``no_padding_2_padding``), so that va
 estimates r_T and what follows, and a target of r_T + V_T moves by r_T every time the critic
 reaches it (at gamma = 1). The value a bootstrap needs is that of the state after the last
 turn, which the row does not hold (its observation did not fit).
+
+**Probe** (``agentrl doctor``): with :data:`PROBE_ENV` naming a folder, the legacy trainer's
+``compute_advantage`` also appends, per step, the value, the reward and the return at the last
+model token of every cut row to ``cut_episodes.jsonl`` there (:func:`cut_rows`; a cut row's
+return there is its reward: nothing bootstrapped), and saves the first step's batch
+(``batch.pkl``, verl's ``DataProto.save_to_disk``) for a log-prob check on it.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-__all__ = ["RETURN_SCALE", "TRUNCATED", "VALUE_CLIP_ENV", "patch_compute_advantage",
-           "return_scale"]
+__all__ = ["PROBE_ENV", "RETURN_SCALE", "TRUNCATED", "VALUE_CLIP_ENV", "cut_rows",
+           "patch_compute_advantage", "return_scale"]
 
 VALUE_CLIP_ENV = "AGENTRL_VALUE_CLIP_SCALE"
 """``returns`` (scale the value clip) or ``absolute`` (verl's), set by the launch."""
@@ -48,6 +56,10 @@ TRUNCATED = "agentrl_truncated"
 """``extra_fields`` key (a batch column): the response budget, not the game, ended the episode.
 It tells which rows those are; GAE ends them like any other (the module docstring)."""
 OWNER = "agentrl/verl/returns.py"
+PROBE_ENV = "AGENTRL_PROBE_DIR"
+"""A folder: the legacy trainer's GAE writes its probe there (the module docstring)."""
+CUT_EPISODES_FILE = "cut_episodes.jsonl"
+PROBE_BATCH_FILE = "batch.pkl"
 
 
 def return_scale(returns: torch.Tensor, mask: torch.Tensor) -> float:
@@ -61,6 +73,36 @@ def _scales_clip() -> bool:
     return os.environ.get(VALUE_CLIP_ENV, "absolute") == "returns"
 
 
+def cut_rows(data) -> list[dict[str, float]]:
+    """Per cut row of a batch after GAE (verl's ``DataProto``): ``value``, ``reward`` and
+    ``return`` at its last model token."""
+    flags = data.non_tensor_batch.get(TRUNCATED)
+    if flags is None:
+        return []
+    batch, rows = data.batch, []
+    for index, cut in enumerate(flags):
+        model_tokens = batch["response_mask"][index].nonzero()
+        if not cut or len(model_tokens) == 0:
+            continue
+        last = int(model_tokens[-1])
+        rows.append({key: float(batch[column][index, last]) for key, column in
+                     (("value", "values"), ("reward", "token_level_rewards"),
+                      ("return", "returns"))})
+    return rows
+
+
+def _write_probe(data, folder: Path) -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / CUT_EPISODES_FILE
+    step = data.meta_info.get("global_steps")
+    if step is None:  # the calls count the steps
+        step = 1 + (len(path.read_text().splitlines()) if path.exists() else 0)
+    with path.open("a") as file:
+        file.write(json.dumps({"step": int(step), "rows": cut_rows(data)}) + "\n")
+    if not (folder / PROBE_BATCH_FILE).exists():
+        data.save_to_disk(str(folder / PROBE_BATCH_FILE))
+
+
 # -- the patched functions -------------------------------------------------------------------------
 def _compute_advantage(original: Callable) -> Callable:
     def compute_advantage(data, adv_estimator, gamma=1.0, lam=1.0, num_repeat=1,
@@ -72,6 +114,8 @@ def _compute_advantage(original: Callable) -> Callable:
         if is_gae and _scales_clip():
             scale = return_scale(data.batch["returns"], data.batch["response_mask"])
             data.batch[RETURN_SCALE] = torch.full((len(data),), scale)
+        if is_gae and os.environ.get(PROBE_ENV):
+            _write_probe(data, Path(os.environ[PROBE_ENV]))
         return data
     return compute_advantage
 
