@@ -43,11 +43,15 @@ from agentrl.trainers.tracking import (
     summary_line,
 )
 
-__all__ = ["SPLITS", "EpisodeMetricsLog", "batch_metrics", "episode_outcomes", "verl_run_outputs"]
+__all__ = ["CONSTRAINT_VIOLATIONS", "SPLITS", "EpisodeMetricsLog", "batch_metrics",
+           "episode_outcomes", "verl_run_outputs"]
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
+CONSTRAINT_VIOLATIONS = "constraint_violations"
+"""Per preset and batch: replies with a token outside its constrained-decoding mask (vLLM's
+logits processor was not applied), summed; 0 when every reply kept to its mask."""
 
 
 def episode_outcomes(infos: Iterable[Mapping[str, Any] | None], per_row: int
@@ -72,11 +76,15 @@ def episode_outcomes(infos: Iterable[Mapping[str, Any] | None], per_row: int
 
 
 def batch_metrics(outcomes: list[EpisodeOutcome], split: str) -> dict[str, float]:
-    """``rollout_metrics`` of the outcomes; validation leaves out ``timing/*``, as the local
-    engine's does (its timings are the training rollout's)."""
+    """``rollout_metrics`` of the outcomes and :data:`CONSTRAINT_VIOLATIONS` per preset;
+    validation leaves out ``timing/*``, as the local engine's does (its timings are the
+    training rollout's)."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r}: allowed: {', '.join(SPLITS)}")
     metrics = rollout_metrics(outcomes, split=split)
+    for preset in sorted({o.preset for o in outcomes}):  # replies outside their constraint's
+        metrics[f"{split}/{preset}/{CONSTRAINT_VIOLATIONS}"] = float(sum(  # masks (verl only)
+            o.metrics.get(CONSTRAINT_VIOLATIONS, 0.0) for o in outcomes if o.preset == preset))
     if split == "val":
         metrics = {k: v for k, v in metrics.items() if not k.startswith("timing/")}
     return metrics

@@ -50,3 +50,21 @@ def test_without_the_probe_nothing_is_written(monkeypatch, tmp_path):
                        ray_trainer.compute_advantage)
     returns._compute_advantage(original)(gae_batch([True, True]), "gae", config={})
     assert list(tmp_path.iterdir()) == []
+
+
+def test_constraint_violations_are_logged_per_preset_and_zero_when_none():
+    """What the doctor's constrained row reads: every preset's batch record carries the count,
+    0 included (a missing key would not tell a clean run from an unwired metric)."""
+    from agentrl.rollout import EpisodeOutcome
+    from agentrl.verl.metrics import batch_metrics, episode_outcomes
+
+    def info(preset, seed, **metrics):
+        return {**EpisodeOutcome(preset, seed, False, 0.0, 1, metrics, {}).to_dict(),
+                "index": seed}
+
+    outcomes = episode_outcomes([info("p", 1, constraint_violations=2.0), info("p", 2),
+                                 info("q", 3)], per_row=1)
+    for split in ("train", "val"):
+        metrics = batch_metrics(outcomes, split)
+        assert metrics[f"{split}/p/constraint_violations"] == 2.0
+        assert metrics[f"{split}/q/constraint_violations"] == 0.0
