@@ -72,6 +72,7 @@ def _check_token_budget(config: Any) -> None:
     for key, tokens in (("rollout.max_new_tokens", config.rollout.max_new_tokens),
                         ("val.max_new_tokens", config.val.max_new_tokens)):
         if tokens is not None and tokens >= budget:
-            raise ValueError(f"{key}={tokens} is not allowed: a reply must fit in "
-                             f"rollout.max_context_tokens={budget} with its prompt; "
-                             f"allowed: an integer in [1, {budget - 1}]")
+            raise ValueError(f"rollout.max_context_tokens={budget} cannot hold a reply of "
+                             f"{key}={tokens} with its prompt; allowed: "
+                             f"rollout.max_context_tokens > {tokens} (with room for the first "
+                             f"prompt), or {key} in [1, {budget - 1}]")

@@ -24,12 +24,26 @@ of its worker count with copies of the batch's first rows; a task row (``extra_i
 the ``n``-th of a row are copies and are left out. **Resume**: the first record of a split that
 a process writes, at step ``s``, replaces that split's records at steps ``>= s`` (steps redone
 after a resume appear once).
+
+**verl's own metrics** (``actor/*``, ``critic/*``, ``timing_s/*``, ``val-core/*``, ...) reach the
+same file through verl's ``file`` logger, which the launch adds to ``trainer.logger`` and points
+at ``<run_dir>/verl/tracking.jsonl`` (:func:`verl_log_path`, ``VERL_FILE_LOGGER_PATH``): before
+each batch it logs, :class:`EpisodeMetricsLog` copies verl's new records into ``metrics.jsonl``
+(:meth:`EpisodeMetricsLog.follow_verl`), one record per verl log call under verl's names (the
+local engine's for the losses, the clip fraction, the KL, the entropy and the explained
+variance); the launch copies what the last step logged once verl has exited, and what a killed
+launch left, before the next one starts (:func:`ingest_verl_log`). Record kinds
+(:func:`record_kind`): ``train`` and ``val`` (ours), ``verl`` (a training step's, with
+``training/global_step``) and ``verl-val`` (validation before training); the resume rule above
+holds per kind.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import math
+import os
 from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -38,17 +52,92 @@ from typing import Any
 from agentrl.rollout import EpisodeOutcome, rollout_metrics
 from agentrl.trainers.tracking import (
     METRICS_FILE,
+    RESERVED_KEYS,
     keep_metrics,
     metrics_record,
+    read_metrics,
     summary_line,
+    write_text_atomic,
 )
 
-__all__ = ["CONSTRAINT_VIOLATIONS", "SPLITS", "EpisodeMetricsLog", "batch_metrics",
-           "episode_outcomes", "verl_run_outputs"]
+__all__ = ["CONSTRAINT_VIOLATIONS", "SPLITS", "VERL_LOG_ENV", "EpisodeMetricsLog",
+           "batch_metrics", "episode_outcomes", "ingest_verl_log", "read_verl_log",
+           "record_kind", "verl_log_path", "verl_run_outputs"]
 
 log = logging.getLogger(__name__)
 
 SPLITS = ("train", "val")
+VERL_LOG_ENV = "VERL_FILE_LOGGER_PATH"
+"""Where verl's ``file`` logger writes (its own variable; set by the launch)."""
+VERL_STEP_KEY = "training/global_step"
+"""Present in every record of a verl training step (both trainers), absent from validation's."""
+
+
+def verl_log_path(run_dir: str | Path) -> Path:
+    """verl's ``file`` logger's output of a run: ``<run_dir>/verl/tracking.jsonl``."""
+    return Path(run_dir) / "verl" / "tracking.jsonl"
+
+
+def record_kind(record: Mapping[str, Any]) -> str:
+    """Who wrote a ``metrics.jsonl`` record of a verl run: ``train`` or ``val`` (our episodes'
+    metrics), ``verl`` (verl's log of a training step) or ``verl-val`` (verl's log of a
+    validation before training)."""
+    for split in SPLITS:
+        if any(key.startswith(f"{split}/") for key in record):
+            return split
+    return "verl" if VERL_STEP_KEY in record else "verl-val"
+
+
+def _number(value: Any) -> bool:
+    return (isinstance(value, (int, float)) and not isinstance(value, bool)
+            and math.isfinite(value))
+
+
+def read_verl_log(path: str | Path, offset: int = 0) -> tuple[list[dict[str, Any]], int]:
+    """The records verl's ``file`` logger wrote to ``path`` from byte ``offset`` on (``{"step":
+    N, "data": {...}}`` a line) as ``metrics.jsonl`` records: its numbers under its names
+    (strings, lists and non-finite values left out). Only whole lines are read; returns the
+    records and the offset after the last whole line."""
+    path = Path(path)
+    if not path.exists():
+        return [], offset
+    with path.open("rb") as file:
+        file.seek(offset)
+        data = file.read()
+    whole = data.rfind(b"\n") + 1
+    records = []
+    for line in data[:whole].splitlines():
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            log.warning("%s: skipping a line that is not JSON", path)
+            continue
+        step, values = entry.get("step"), entry.get("data")
+        if isinstance(step, int) and isinstance(values, Mapping):
+            numbers = {key: value for key, value in values.items()
+                       if key not in RESERVED_KEYS and _number(value)}
+            records.append(metrics_record(step, numbers))
+    return records, offset + whole
+
+
+def ingest_verl_log(run_dir: str | Path) -> int:
+    """Copy into ``<run_dir>/metrics.jsonl`` the records of verl's log that it lacks (a kind
+    at a step it has no record of; run by the launch when verl has ended, and before a launch
+    starts verl, which empties the log), keep the file in step order, and remove verl's log.
+    Returns how many records were added."""
+    source = verl_log_path(run_dir)
+    if not source.exists():
+        return 0
+    records, _ = read_verl_log(source)
+    path = Path(run_dir) / METRICS_FILE
+    kept = read_metrics(path)
+    present = {(r["step"], record_kind(r)) for r in kept}
+    added = [r for r in records if (r["step"], record_kind(r)) not in present]
+    if added or kept != sorted(kept, key=lambda r: r["step"]):
+        merged = sorted([*kept, *added], key=lambda r: r["step"])  # stable: a step's order kept
+        write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in merged))
+    source.unlink()
+    return len(added)
 CONSTRAINT_VIOLATIONS = "constraint_violations"
 """Per preset and batch: replies with a token outside its constrained-decoding mask (vLLM's
 logits processor was not applied), summed; 0 when every reply kept to its mask."""
@@ -101,30 +190,37 @@ def verl_run_outputs(config: Any) -> tuple[Path | None, dict[str, bool]]:
 
 
 class EpisodeMetricsLog:
-    """Writes the metrics of each batch of episodes (see the module docstring).
+    """Writes the metrics of each batch of episodes, and verl's own (see the module docstring).
 
     ``run_dir=None`` keeps no file; ``use_wandb`` logs into the process's WandB run when there
-    is one; ``console`` prints a summary line per record.
+    is one; ``console`` prints a summary line per record; ``verl_log``: verl's ``file`` logger's
+    output, copied in by :meth:`follow_verl` (None: verl's metrics are not copied).
     """
 
     def __init__(self, run_dir: str | Path | None, *, use_wandb: bool = True,
-                 console: bool = True) -> None:
+                 console: bool = True, verl_log: str | Path | None = None) -> None:
         self.path = Path(run_dir) / METRICS_FILE if run_dir is not None else None
         self.use_wandb = use_wandb
         self.console = console
+        self.verl_log = Path(verl_log) if verl_log is not None else None
+        self._verl_offset = 0
         self._started: set[str] = set()
         self._wandb_failed = False
 
     @classmethod
     def for_verl(cls, config: Any) -> EpisodeMetricsLog:
-        """The log of a verl run with ``config`` (verl's composed config)."""
+        """The log of a verl run with ``config`` (verl's composed config), in the process that
+        runs verl's trainer (``VERL_FILE_LOGGER_PATH`` there: verl's ``file`` logger)."""
         run_dir, outputs = verl_run_outputs(config)
-        return cls(run_dir, **outputs)
+        loggers = list(config.trainer.get("logger") or [])
+        verl_log = os.environ.get(VERL_LOG_ENV) if "file" in loggers else None
+        return cls(run_dir, verl_log=verl_log, **outputs)
 
     def log_batch(self, infos: Iterable[Mapping[str, Any] | None] | None,
                   meta_info: Mapping[str, Any], per_row: int) -> dict[str, float]:
-        """Log the metrics of one batch verl generated; returns them (empty when the batch
-        had no episodes of ours or no step)."""
+        """Log the metrics of one batch verl generated (after verl's records logged since the
+        last batch); returns them (empty when the batch had no episodes of ours or no step)."""
+        self.follow_verl()
         step = meta_info.get("global_steps")
         if infos is None or step is None:
             return {}
@@ -138,22 +234,38 @@ class EpisodeMetricsLog:
 
     def log(self, step: int, split: str, metrics: Mapping[str, float]) -> None:
         record = metrics_record(step, metrics)
-        if self.path is not None:
-            if split not in self._started:
-                self._drop_from(step, split)
-            with self.path.open("a") as file:
-                file.write(json.dumps(record) + "\n")
-        self._started.add(split)
+        self._write(record)
         if self.use_wandb:
             self._wandb_log(step, record)
         if self.console:
             print(f"agentrl {split} " + summary_line(step, record), flush=True)
 
-    def _drop_from(self, step: int, split: str) -> None:
-        """Drop this split's records at ``step`` and after (a resumed run redoes them)."""
+    def follow_verl(self) -> list[dict[str, Any]]:
+        """Copy the records verl's ``file`` logger wrote since the last call into the metrics
+        file (verl sends them to its own console and WandB); returns them."""
+        if self.verl_log is None:
+            return []
+        records, self._verl_offset = read_verl_log(self.verl_log, self._verl_offset)
+        for record in records:
+            self._write(record)
+        return records
+
+    def _write(self, record: Mapping[str, Any]) -> None:
+        """Append ``record``; the first record of its kind this process writes drops that
+        kind's records at its step and after (a resumed run redoes them)."""
+        kind = record_kind(record)
+        if self.path is not None:
+            if kind not in self._started:
+                self._drop_from(record["step"], kind)
+            with self.path.open("a") as file:
+                file.write(json.dumps(record) + "\n")
+        self._started.add(kind)
+
+    def _drop_from(self, step: int, kind: str) -> None:
+        """Drop the records of this kind at ``step`` and after (a resumed run redoes them)."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        keep_metrics(self.path, lambda r: r["step"] < step or not _is_split(r, split),
-                     f"of {split} from step {step} on (they are redone)")
+        keep_metrics(self.path, lambda r: r["step"] < step or record_kind(r) != kind,
+                     f"of {kind} from step {step} on (they are redone)")
 
     def _wandb_log(self, step: int, record: Mapping[str, Any]) -> None:
         """Into the step verl logs next (it commits); nothing when WandB has no run here."""
@@ -169,7 +281,3 @@ class EpisodeMetricsLog:
         except Exception as error:  # noqa: BLE001 -- the metrics file has the record
             self._wandb_failed = True
             log.warning("agentrl metrics not sent to WandB: %s: %s", type(error).__name__, error)
-
-
-def _is_split(record: Mapping[str, Any], split: str) -> bool:
-    return any(key.startswith(f"{split}/") for key in record)

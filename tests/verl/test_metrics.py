@@ -95,3 +95,82 @@ def test_log_batch_reads_step_and_split_from_verls_meta_info(tmp_path, capsys):
     (record,) = read_metrics(log.path)
     assert record["step"] == 7 and record["val/p/success"] == 1.0
     assert "agentrl val step 7 | val p 1" in capsys.readouterr().out
+
+
+def verl_line(step: int, **data) -> str:
+    """One line of verl's ``file`` logger (``verl.utils.tracking.FileLogger``)."""
+    return json.dumps({"step": step, "data": data}) + "\n"
+
+
+def test_verls_own_metrics_reach_the_metrics_file_under_verls_names(tmp_path):
+    """verl's log of a step (its losses, explained variance, timings) is copied into
+    metrics.jsonl before the next batch is logged; strings and NaN left out, a half-written
+    line left for later."""
+    from agentrl.verl.metrics import record_kind, verl_log_path
+
+    verl_log = verl_log_path(tmp_path)
+    verl_log.parent.mkdir(parents=True)
+    verl_log.write_text(verl_line(0, **{"val-core/p/reward/mean@1": 0.5})
+                        + verl_line(1, **{"training/global_step": 1, "actor/pg_loss": -0.25,
+                                          "critic/vf_explained_var": 0.1, "note": "x",
+                                          "actor/kl": float("nan")})
+                        + '{"step": 2, "da')
+    log = EpisodeMetricsLog(tmp_path, use_wandb=False, console=False, verl_log=verl_log)
+    log.log_batch([info("p", 1, True, 0)], {"global_steps": 2}, per_row=1)
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [(r["step"], record_kind(r)) for r in records] == [(0, "verl-val"), (1, "verl"),
+                                                               (2, "train")]
+    assert records[1]["actor/pg_loss"] == -0.25 and records[1]["critic/vf_explained_var"] == 0.1
+    assert "note" not in records[1] and "actor/kl" not in records[1]
+    with verl_log.open("a") as file:  # the rest of the line, and step 2's own
+        file.write('ta": {"training/global_step": 2, "actor/pg_loss": 0.5}}\n')
+    assert [r["step"] for r in log.follow_verl()] == [2]
+    assert log.follow_verl() == []
+
+
+def test_verls_metrics_of_a_resumed_run_replace_the_steps_it_redoes(tmp_path):
+    from agentrl.verl.metrics import verl_log_path
+
+    path = tmp_path / "metrics.jsonl"
+    old = [{"step": 0, "time": 0, "val-core/p/reward/mean@1": 0.1}]
+    old += [{"step": s, "time": 0, "training/global_step": s, "actor/pg_loss": 0.1}
+            for s in (1, 2, 3)]
+    path.write_text("".join(json.dumps(r) + "\n" for r in old))
+    verl_log = verl_log_path(tmp_path)
+    verl_log.parent.mkdir(parents=True)
+    # resumed from checkpoint 2: validation before training at step 2, then step 3 again
+    verl_log.write_text(verl_line(2, **{"val-core/p/reward/mean@1": 0.9})
+                        + verl_line(3, **{"training/global_step": 3, "actor/pg_loss": 0.7}))
+    EpisodeMetricsLog(tmp_path, use_wandb=False, console=False, verl_log=verl_log).follow_verl()
+    assert [(r["step"], r.get("actor/pg_loss"), r.get("val-core/p/reward/mean@1"))
+            for r in read_metrics(path)] == [(0, None, 0.1), (1, 0.1, None), (2, 0.1, None),
+                                             (2, None, 0.9), (3, 0.7, None)]
+
+
+def test_the_launch_adds_what_verl_logged_last_and_removes_its_log(tmp_path):
+    """After verl exits (or before a launch, what a killed one left): the records the metrics
+    file lacks are added in step order, the ones it has are not repeated."""
+    from agentrl.verl.metrics import ingest_verl_log, verl_log_path
+
+    path = tmp_path / "metrics.jsonl"
+    ours = [{"step": s, "time": 0, "train/p/success": 0.5} for s in (1, 2)]
+    logged = {"step": 1, "time": 0, "training/global_step": 1, "actor/pg_loss": 0.1}
+    path.write_text("".join(json.dumps(r) + "\n" for r in [ours[0], logged, ours[1]]))
+    assert ingest_verl_log(tmp_path) == 0  # no verl log: nothing to do
+    verl_log = verl_log_path(tmp_path)
+    verl_log.parent.mkdir(parents=True)
+    verl_log.write_text(verl_line(1, **{"training/global_step": 1, "actor/pg_loss": 0.1})
+                        + verl_line(2, **{"training/global_step": 2, "actor/pg_loss": 0.2}))
+    assert ingest_verl_log(tmp_path) == 1
+    assert [(r["step"], r.get("actor/pg_loss")) for r in read_metrics(path)] == [
+        (1, None), (1, 0.1), (2, None), (2, 0.2)]
+    assert not verl_log.exists()
+
+
+def test_for_verl_follows_verls_file_logger_when_it_is_on(tmp_path, monkeypatch):
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "verl" / "tracking.jsonl"))
+    config = OmegaConf.create({"trainer": {"default_local_dir": str(tmp_path / "ckpt"),
+                                           "logger": ["console", "file"]}})
+    assert EpisodeMetricsLog.for_verl(config).verl_log == tmp_path / "verl" / "tracking.jsonl"
+    config.trainer.logger = ["console"]
+    assert EpisodeMetricsLog.for_verl(config).verl_log is None
