@@ -26,6 +26,10 @@ def check_cross_keys(config: Any) -> None:
 
 
 def _check_critic(config: Any) -> None:
+    if config.critic.head_fit == "ridge" and config.critic.head_hidden:
+        raise ValueError(f"critic.head_hidden={config.critic.head_hidden} is not allowed with "
+                         "critic.head_fit='ridge' (a closed-form fit is of a linear head); "
+                         "allowed: 0, or head_fit='gradient'")
     pretrain = config.critic.pretrain_steps
     if pretrain and config.algorithm.adv_estimator != "gae":
         raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed with "

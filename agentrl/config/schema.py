@@ -327,6 +327,15 @@ class CriticConfig(Section):
     standardize_features: bool = False
     """The value head reads each feature standardised by its running mean and variance over
     model tokens (agentrl.trainers.policy.FeatureStandardizer), not the raw hidden states."""
+    head_fit: Literal["gradient", "ridge"] = "gradient"
+    """How the value head learns. gradient: Adam steps on the value loss, with the backbone
+    (``lr``, ``ppo_epochs``, the clip); ridge: each step refits a linear head on standardised
+    features in closed form over the last ``fit_window`` steps' model tokens, its strength
+    chosen by cross-validation over games (agentrl.trainers.value_fit); the backbone does not
+    train, so pair it with ``share_backbone: true`` to hold no second copy (local engine)."""
+    fit_window: int = setting(8, at_least(1), "an integer >= 1")
+    """``head_fit: ridge``: PPO steps whose tokens the refit reads (a resumed run starts an
+    empty window from the checkpoint's fit)."""
     pretrain_steps: int = setting(0, at_least(0), "an integer >= 0")
     """The first N PPO steps (after the warm start) update the critic only: the actor's first
     update then reads values fitted to its own returns, not a new value head's guesses (verl's

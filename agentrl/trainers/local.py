@@ -128,7 +128,8 @@ class LocalTrainer:
         c = config.critic
         self.critic = (ValueModel.from_actor(self.actor, share_backbone=c.share_backbone,
                                              head_hidden=c.head_hidden,
-                                             standardize=c.standardize_features)
+                                             standardize=c.standardize_features
+                                             or c.head_fit == "ridge")
                        if config.algorithm.adv_estimator == "gae" else None)
         self.actor_optim, self.actor_sched = self._optimizer(
             [p for p in self.actor.parameters() if p.requires_grad], config.actor)

@@ -47,6 +47,7 @@ from agentrl.trainers.reference import Reference
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.update_loop import KL_TERM, UpdateShape, run_epochs
+from agentrl.trainers.value_fit import RidgeValueFit
 
 __all__ = ["PPOUpdate", "explained_variance"]
 
@@ -81,6 +82,8 @@ class PPOUpdate:
         self.step = 0
         self._first_pass_logprobs: torch.Tensor | None = None  # see _first_pass_is_old
         self._first_pass_values: torch.Tensor | None = None  # see _critic_pass_gives_values
+        self.value_fit = (RidgeValueFit(config.critic.fit_window)  # critic.head_fit: ridge
+                          if critic is not None and config.critic.head_fit == "ridge" else None)
         self._observed_rows: set[int] = set()  # see _critic_micro
         actor_settings = config.actor
         self.loss_settings = ppo.LossSettings(
@@ -149,7 +152,10 @@ class PPOUpdate:
         if scored.get("values") is not None:
             metrics["critic/vf_explained_var"] = explained_variance(returns, scored["values"], mask)
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
-        if self.critic is not None and not critic_pass_values:
+        if self.value_fit is not None:
+            with timer("critic"):
+                metrics.update(self._refit_head(batch, returns, mask))
+        elif self.critic is not None and not critic_pass_values:
             clip = self._value_clip(returns, mask)
             metrics["critic/cliprange_value"] = clip
             critic_metrics, skipped = self._critic_update(batch, timer, clip)
@@ -226,9 +232,12 @@ class PPOUpdate:
                         parts["ref"].append(pad_responses(ref_logprobs, length))
                 if separate_critic and values:
                     with timer("values"), self._precision():
+                        features = self.critic.features(micro, shared_prefix_tokens=share,
+                                                        prefix=run.prefix("critic"))
                         parts["values"].append(pad_responses(
-                            self.critic(micro, shared_prefix_tokens=share,
-                                        prefix=run.prefix("critic")), length))
+                            self.critic.values_from(features), length))
+                    if self.value_fit is not None:  # the refit reads them
+                        parts["critic_features"].append(pad_responses(features, length))
             run.backward()  # frees the run's prefixes (no graph here)
         back = torch.argsort(order)  # batch order again
         return {**scored, **{k: torch.cat(v)[back].cpu() for k, v in parts.items()}}
@@ -300,7 +309,21 @@ class PPOUpdate:
                                or len(torch.unique(episode_index)) == len(episode_index))
         mini = config.critic.ppo_mini_batch_size or config.actor.ppo_mini_batch_size or n
         return (one_row_per_episode and self.critic is not None and not self.critic.shared
-                and epochs == 1 and mini >= n)
+                and self.value_fit is None and epochs == 1 and mini >= n)
+
+    def _refit_head(self, batch: dict[str, torch.Tensor], returns: torch.Tensor,
+                    mask: torch.Tensor) -> dict[str, float]:
+        """``critic.head_fit: ridge``: this step's model tokens join the window, and the head is
+        refit on it in closed form (:mod:`agentrl.trainers.value_fit`); the backbone does not
+        train. The values GAE used were the previous fit's predictions on this batch, unseen."""
+        chosen = mask.bool()
+        features = batch["critic_features"][:, :mask.shape[1]]
+        chosen = chosen[:, :features.shape[1]]
+        games = batch["group_index"][:, None].expand_as(mask)[:, :features.shape[1]]
+        self.value_fit.add(features[chosen].float(), returns[:, :features.shape[1]][chosen],
+                           games[chosen])
+        fit = self.value_fit.refit(self.critic.head)
+        return fit.metrics() if fit is not None else {}
 
     def _critic_update(self, batch, timer: StageTimer, clip: float) -> tuple[dict[str, float], int]:
         config = self.config

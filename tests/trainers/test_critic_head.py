@@ -21,6 +21,7 @@ from agentrl.config import compose_config
 from agentrl.trainers.policy import FeatureStandardizer, ValueModel, value_head
 from agentrl.trainers.ppo_update import PPOUpdate, explained_variance
 from agentrl.trainers.timing import StageTimer
+from agentrl.trainers.value_fit import RidgeValueFit
 
 HIDDEN = 64
 ROWS, WIDTH = 8, 24  # a step: 8 episodes, 24 model tokens each
@@ -53,7 +54,7 @@ class SharedDirectionStates:
             "attention_mask": torch.ones(ROWS, WIDTH + 1, dtype=torch.long),
             "position_ids": torch.arange(WIDTH + 1).expand(ROWS, -1),
             "response_mask": ones, "critic_features": features, "returns": returns,
-            "row": torch.arange(ROWS),
+            "row": torch.arange(ROWS), "group_index": torch.arange(ROWS) // 4,
         }
 
 
@@ -63,7 +64,7 @@ def critic_updater(*overrides: str) -> PPOUpdate:
     config = compose_config(["model=tiny", "trainer.logger=[]", *overrides])
     c = config.critic
     critic = ValueModel(torch.nn.Identity(), HIDDEN, shared=True, head_hidden=c.head_hidden,
-                        standardize=c.standardize_features)
+                        standardize=c.standardize_features or c.head_fit == "ridge")
     optim = torch.optim.AdamW(critic.trainable_parameters(), lr=c.lr, weight_decay=c.weight_decay)
     return PPOUpdate(config, device=torch.device("cpu"), actor=None, critic=critic,
                      reference=None, actor_optim=None, actor_sched=None, critic_optim=optim,
@@ -80,8 +81,11 @@ def explained_by_step(updater: PPOUpdate, steps: int = 20) -> list[float]:
             batch["values"] = updater.critic.values_from(batch["critic_features"])
         out.append(explained_variance(batch["returns"], batch["values"], batch["response_mask"]))
         updater.step = step
-        clip = updater._value_clip(batch["returns"], batch["response_mask"].float())
-        updater._critic_update(batch, StageTimer(), clip)
+        mask = batch["response_mask"].float()
+        if updater.value_fit is not None:
+            updater._refit_head(batch, batch["returns"], mask)
+        else:
+            updater._critic_update(batch, StageTimer(), updater._value_clip(batch["returns"], mask))
     return out
 
 
@@ -115,6 +119,65 @@ def test_the_raw_linear_head_does_not(one_torch_thread):
     mean = sum(explained[4:]) / len(explained[4:])
     print("raw linear head, explained variance by step:", [round(e, 2) for e in explained])
     assert mean < 0.2
+
+
+def test_a_ridge_refit_explains_returns_from_its_second_step(one_torch_thread):
+    """critic.head_fit=ridge: the closed-form fit on the window's tokens predicts the next
+    step's unseen returns; the same data the raw linear head above cannot read."""
+    explained = explained_by_step(critic_updater("critic.head_fit=ridge"))
+    print("ridge head, explained variance by step:", [round(e, 2) for e in explained])
+    assert explained[0] == pytest.approx(0.0, abs=1e-6)  # a zero head before any fit
+    assert min(explained[1:]) >= 0.5
+    assert sum(explained[4:]) / len(explained[4:]) >= 0.8
+
+
+def memorable_games(count: int, generator: torch.Generator
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``count`` games of 24 tokens: each game's tokens share a random feature vector and one
+    random return: features that tell games apart and say nothing about a new game's return."""
+    centers = torch.randn(count, HIDDEN, generator=generator)
+    features = centers.repeat_interleave(WIDTH, 0) + 0.05 * torch.randn(count * WIDTH, HIDDEN,
+                                                                         generator=generator)
+    returns = torch.randn(count, generator=generator).repeat_interleave(WIDTH)
+    return features, returns, torch.arange(count).repeat_interleave(WIDTH)
+
+
+def test_the_ridge_strength_is_chosen_over_games_so_memorising_games_does_not_pay():
+    """Folds hold whole games out: a fit that only recalls the games it saw (any strength
+    does that on their tokens) gains nothing on new games, so the refit takes the strongest
+    shrinkage and predicts about the mean, not a confident guess per game."""
+    g = torch.Generator().manual_seed(3)
+    fit = RidgeValueFit(window=4)
+    for _ in range(4):
+        fit.add(*memorable_games(8, g))
+    head = value_head(HIDDEN, standardize=True)
+    result = fit.refit(head)
+    assert result.alpha == max(fit.alphas) and result.cv_r2 < 0.05
+    features, returns, _ = memorable_games(16, g)
+    with torch.no_grad():
+        values = head(features).squeeze(-1)
+    assert explained_variance(returns, values, torch.ones_like(returns)) > -0.2
+
+
+def test_a_ridge_refit_needs_two_games_and_a_linear_head():
+    fit = RidgeValueFit(window=2)
+    features, returns, games = memorable_games(1, torch.Generator().manual_seed(0))
+    fit.add(features, returns, games)
+    head = value_head(HIDDEN, standardize=True)
+    assert fit.refit(head) is None
+    assert torch.equal(head(features), torch.zeros(len(features), 1))  # unchanged
+    fit.add(*memorable_games(2, torch.Generator().manual_seed(1)))
+    with pytest.raises(TypeError, match="Linear"):
+        fit.refit(value_head(HIDDEN, hidden=8, standardize=True))
+
+
+def test_the_window_forgets_the_oldest_step():
+    fit = RidgeValueFit(window=2)
+    g = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        fit.add(*memorable_games(2, g))
+    assert len(fit.steps) == 2
+    assert fit.refit(value_head(HIDDEN, standardize=True)).rows == 2 * 2 * WIDTH
 
 
 def test_standardizer_merges_batches_into_the_moments_of_all_of_them():
@@ -172,8 +235,14 @@ def test_observe_reads_model_tokens_only():
     assert math.isclose(float(critic.head[0].count), 1.0)
 
 
-@pytest.mark.parametrize("key,value", [("critic.head_hidden", "-1"),
-                                       ("critic.ppo_mini_batch_size", "0")])
-def test_bad_head_settings_fail_naming_the_key(key, value):
-    with pytest.raises(ValueError, match=key.split(".")[1]):
-        compose_config(["model=tiny", f"{key}={value}"])
+@pytest.mark.parametrize("overrides,key", [
+    (["critic.head_hidden=-1"], "head_hidden"),
+    (["critic.ppo_mini_batch_size=0"], "ppo_mini_batch_size"),
+    (["critic.head_fit=lstsq"], "head_fit"),
+    (["critic.fit_window=0"], "fit_window"),
+    (["critic.head_fit=ridge", "critic.head_hidden=16"], "head_hidden"),
+    (["critic.head_fit=ridge", "backend=verl", "model=tiny_vllm",
+      "critic.share_backbone=false"], "head_fit")])
+def test_bad_head_settings_fail_naming_the_key(overrides, key):
+    with pytest.raises(ValueError, match=key):
+        compose_config(["model=tiny", *overrides])
