@@ -7,6 +7,7 @@ The commands run in-process through :func:`agentrl.cli.main` (argparse's ``error
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 from pathlib import Path
@@ -41,6 +42,9 @@ def _fixtures(root: Path) -> dict[str, str]:
              "no_presets", "bad_yaml", "run_no_step", "run_ok", "sft_run", "other_preset")} | {
         "missing": str(root / "missing")}
 
+
+NO_VLLM = importlib.util.find_spec("vllm") is None
+"""This Python lacks vLLM (the tests hide the venv of ``env_setup.sh --verl-cpu``)."""
 
 # (command line, a fragment the message must hold)
 CASES = [
@@ -103,6 +107,21 @@ CASES = [
     ("sft --print-config sft.output_dir={a_file}/x", "sft.output_dir"),
     ("train --print-config hardware=cpu-verl verl.max_response_length=16",
      "verl.max_response_length"),
+    ("train --print-config rollout.max_context_tokens=50", "error: rollout.max_context_tokens=50"),
+    # the first prompt is measured with the model's tokenizer before the model loads
+    ("train model=tiny rollout.max_context_tokens=200 train.total_steps=1",
+     "rollout.max_context_tokens=200"),
+    ("sft model=tiny rollout.max_context_tokens=200 sft.episodes=1",
+     "rollout.max_context_tokens=200"),
+    # verl's multi-turn SFT data holds whole episodes: a history window is refused, as train's
+    # legacy verl trainer refuses it
+    ("sft --dry-run hardware=cpu-verl agents.tightSokobanAgent.history_window=1 "
+     "'sft.presets=[tightSokobanAgent]'", "agents.tightSokobanAgent.history_window=1"),
+    ("make-data --sft --out {empty}/sft agents.tightSokobanAgent.history_window=1 "
+     "'sft.presets=[tightSokobanAgent]' sft.episodes=2",
+     "agents.tightSokobanAgent.history_window=1"),
+    *([("train --dry-run hardware=cpu-verl model=tiny_vllm", "bash env_setup.sh --verl-cpu")]
+      if NO_VLLM else []),  # the venv env_setup.sh makes is out of reach in these tests
     ("make-data --out {a_file}/x/data train.total_steps=1 train.group_num=1", "--out"),
     ("make-data --out {a_file} train.total_steps=1 train.group_num=1", "--out"),
     # agentrl bench (each benchmark's own options)
@@ -114,8 +133,7 @@ CASES = [
     ("bench learn_verl --help", "part of another benchmark"),
     ("bench quick_train --from-run {empty} --out {empty}/q.json", "--from-run"),
     *([("bench learn --recipes verl --steps 1", "vLLM")]
-      if __import__("agentrl.verl.child_run", fromlist=["x"]).verl_cpu_python() is None
-      else []),  # where a venv has vLLM's CPU build the recipe runs
+      if NO_VLLM else []),  # where this Python has vLLM's CPU build the recipe runs
     # the others
     ("nosuchcommand", "invalid choice"),
 ]
@@ -134,11 +152,14 @@ def test_a_bad_input_exits_2_with_one_message(line, fragment, files, capsys, mon
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("WANDB_MODE", "disabled")
+    monkeypatch.delenv("AGENTRL_VERL_CPU_PYTHON", raising=False)  # no re-run in another Python
+    monkeypatch.setenv("AGENTRL_VERL_CPU_VENV", str(tmp_path / "no-venv"))
     with pytest.raises(SystemExit) as stopped:
         cli.main(shlex.split(line.format(**files)))
     err = capsys.readouterr().err
     assert stopped.value.code == 2, err
     assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == [], "refused after work started"
     message = err.strip().splitlines()[-1]
     assert "error:" in message and fragment in message, err
     if not line.startswith("bench "):  # a benchmark's own parser prints its usage first

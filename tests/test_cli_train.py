@@ -63,6 +63,35 @@ def test_a_resume_that_would_change_the_run_stops_before_the_model_loads(
     assert "train.total_steps=1 is below step 2" in capsys.readouterr().err
 
 
+def test_a_finished_run_run_again_says_so_and_how_to_train_further(tmp_path, capsys,
+                                                                   monkeypatch, one_torch_thread):
+    monkeypatch.setenv("WANDB_MODE", "disabled")
+    run = ["train", "model=tiny", f"run_dir={tmp_path}", "train.total_steps=1", *TINY_RUN]
+    assert cli.main(run) == 0
+    capsys.readouterr()
+    assert cli.main(run) == 0
+    out = capsys.readouterr().out
+    assert f"the run in {tmp_path} is finished" in out and "step 1 of train.total_steps=1" in out
+    further = next(line for line in out.splitlines() if "to train it further:" in line)
+    assert "train.total_steps=<more than 1>" in further and "model=tiny" in further
+    assert "train.total_steps=1 " not in further  # the old total is left out
+
+
+def test_a_run_started_over_says_it_drops_the_earlier_records(tmp_path, caplog):
+    """No ``after step None``: starting over drops every record of the earlier start."""
+    import logging
+
+    from agentrl.trainers.tracking import RunTracker
+
+    (tmp_path / "metrics.jsonl").write_text('{"step": 0, "val/x/success": 0.5}\n')
+    with caplog.at_level(logging.WARNING):
+        RunTracker(tmp_path, project="p", experiment="e", config={}, use_wandb=False,
+                   resume_step=None).close()
+    message = caplog.text
+    assert "dropping 1 record(s)" in message and "None" not in message, message
+    assert "starts over" in message
+
+
 def _vllm_here() -> bool:
     import importlib.util
 
@@ -79,6 +108,19 @@ def test_cpu_verl_without_vllm_says_what_to_run_before_anything_starts(tmp_path,
     err = capsys.readouterr().err
     assert stopped.value.code == 2 and "bash env_setup.sh --verl-cpu" in err
     assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.skipif(_vllm_here(), reason="this Python has vLLM: cpu-verl runs here")
+def test_a_cpu_verl_dry_run_names_the_venv_the_run_takes_and_checks_here(tmp_path, capsys,
+                                                                        monkeypatch):
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nexit 1\n")  # never run: the dry run stays in this Python
+    monkeypatch.setenv("AGENTRL_VERL_CPU_PYTHON", str(fake))
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["train", "--dry-run", "hardware=cpu-verl", "model=tiny_vllm"]) == 0
+    captured = capsys.readouterr()
+    assert f"the run re-runs itself with {fake}" in captured.err
+    assert "verl.trainer.main_ppo" in captured.out
 
 
 @pytest.mark.skipif(_vllm_here(), reason="this Python has vLLM: cpu-verl runs here")

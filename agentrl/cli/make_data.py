@@ -45,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
     if args.out is not None:
         writable_path(args.out, "--out", folder=True)
     if args.sft:
+        from agentrl.cli.sft import check_whole_chats
         from agentrl.verl.sft import sft_paths, write_sft_data
+
+        check_whole_chats(config)
 
         out = args.out if args.out is not None else sft_paths(config)[0].parent
         paths = write_sft_data(config, out)

@@ -27,6 +27,7 @@ import argparse
 import shlex
 from pathlib import Path
 
+from agentrl.cli.first_prompts import check_first_prompts
 from agentrl.cli.interrupt import (
     EXIT_INTERRUPTED, fit_or_stop, resume_command, stage_of, stopped_line,
 )
@@ -48,6 +49,8 @@ def run(args: argparse.Namespace) -> int:
 
         return launch_sft(config, dry_run=args.dry_run)
     from agentrl.trainers.sft import SFTTrainer
+
+    check_first_prompts(config, sft=True)  # before the model loads
 
     def stopped(error: BaseException, trainer) -> str:
         stage = stage_of(error.__traceback__)
@@ -102,7 +105,26 @@ def _no_ppo_overrides(config) -> None:
     from agentrl.cli.arguments import check_folder_to_write
 
     check_folder_to_write(_output_dir(config), "sft.output_dir")
+    if config.backend == "verl":
+        check_whole_chats(config)
     if config.verl.overrides:
         raise ValueError(f"verl.overrides={list(config.verl.overrides)} are keys of verl's PPO "
                          "trainer, which agentrl sft does not run; allowed: none here (the "
                          "sft section sets the SFT trainer; verl.overrides go to agentrl train)")
+
+
+def check_whole_chats(config) -> None:
+    """verl's SFT data (``agentrl sft backend=verl``, ``make-data --sft``) learns every reply of
+    an episode in the whole conversation before it, so a preset whose replies see less (a
+    ``history_window``) would be taught in contexts it never plays in; ``agentrl train`` refuses
+    such a preset on verl's one-row-per-episode trainer for the same reason. ``context: state``
+    is written a row per turn, as it plays. ``ValueError`` naming the preset's key."""
+    for name in dict.fromkeys([*config.sft_presets, *config.val.presets]):
+        window = config.agents[name].history_window
+        if window:
+            raise ValueError(f"agents.{name}.history_window={window} is not allowed in verl's "
+                             "SFT data (agentrl sft backend=verl, make-data --sft): each row is "
+                             "a whole episode and every reply is learned in all the turns "
+                             "before it, not in the window it plays with; allowed: "
+                             "history_window 0 (all turns), context: state (a row per turn), "
+                             "or backend=local (agentrl sft hardware=cpu plays the windows)")

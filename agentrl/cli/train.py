@@ -32,6 +32,7 @@ import argparse
 import importlib.util
 import logging
 import os
+import shlex
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -40,6 +41,7 @@ from typing import Any
 import yaml
 
 import agentrl
+from agentrl.cli.first_prompts import check_first_prompts
 from agentrl.cli.interrupt import (
     AFTER_STEP, EXIT_INTERRUPTED, fit_or_stop, resume_command, stage_of, stopped_line,
 )
@@ -89,13 +91,17 @@ def run(args: argparse.Namespace) -> int:
         from agentrl.verl.launch import launch
 
         check_override_types(config.verl.overrides)
-        if not args.dry_run:
-            _find_vllm(config, args)
+        if not args.dry_run or config.device == "cpu":  # a GPU preset's dry run needs no vLLM
+            _find_vllm(config, args, rerun=not args.dry_run)
         return launch(config, dry_run=args.dry_run)
     from agentrl.trainers.resume import resume_checkpoint
     from agentrl.trainers.local import LocalTrainer
 
-    resume_checkpoint(config.run_dir, config.resume, config.to_dict())  # before the model loads
+    # before the model loads
+    checkpoint = resume_checkpoint(config.run_dir, config.resume, config.to_dict())
+    if checkpoint is not None and _finished(config, checkpoint, args.overrides):
+        return 0
+    check_first_prompts(config)
     print(f"validation decoding: {run_decoding(config.to_dict()).describe()}", flush=True)
     fitted = fit_or_stop(lambda: LocalTrainer(config), lambda error, trainer: stopped_line(
         _where(stage_of(error.__traceback__), trainer), newest_checkpoint(config.run_dir),
@@ -117,6 +123,24 @@ def run(args: argparse.Namespace) -> int:
     if result.plot is not None:
         print(f"  plot:       {result.plot}")
     return 0
+
+
+def _finished(config: Any, checkpoint: Path, overrides: Sequence[str]) -> bool:
+    """A run whose checkpoint reached ``train.total_steps`` has nothing to train: say so, and
+    how to train it further (True), instead of loading the model to do nothing."""
+    from agentrl.trainers.checkpoint import checkpoint_step
+
+    step, total = checkpoint_step(checkpoint), config.train.total_steps
+    if step is None or step < total:
+        return False
+    more = [o for o in overrides if o.split("=", 1)[0].lstrip("+~") != "train.total_steps"]
+    print(f"the run in {config.run_dir} is finished: its checkpoint {checkpoint} is step {step} "
+          f"of train.total_steps={total}; nothing to train.\n"
+          f"  to train it further: {shlex.join(['agentrl', 'train', *more])} "
+          f"train.total_steps=<more than {step}>\n"
+          f"  to start over: another run_dir, or resume=never (its history is overwritten)\n"
+          f"  to evaluate it: agentrl eval --model {shlex.quote(str(config.run_dir))}")
+    return True
 
 
 def check_verl_lengths(config: Any) -> None:
@@ -156,9 +180,10 @@ def _held_out(step: int, success: float | None) -> str:
     return f": step {step}" + ("" if success is None else f", held-out success {100 * success:.1f}%")
 
 
-def _find_vllm(config: Any, args: argparse.Namespace) -> None:
+def _find_vllm(config: Any, args: argparse.Namespace, rerun: bool = True) -> None:
     """verl's rollout needs vLLM. On a CPU (``hardware=cpu-verl``) it lives in the venv of
-    ``env_setup.sh --verl-cpu``: re-run this command there; else say what to run."""
+    ``env_setup.sh --verl-cpu``: re-run this command there (a dry run says where it is and
+    goes on here, where verl's config is checked); else say what to run."""
     if importlib.util.find_spec("vllm") is not None:
         return
     command = ["-m", "agentrl.cli", "train", *args.overrides]
@@ -167,6 +192,10 @@ def _find_vllm(config: Any, args: argparse.Namespace) -> None:
                          "install the GPU stack (bash env_setup.sh --gpu), or hardware=cpu "
                          "(the local engine)")
     python = verl_cpu_python()
+    if python is not None and not rerun:
+        print(f"vLLM's CPU build is in {python.parent.parent}: the run re-runs itself with "
+              f"{python}", file=sys.stderr, flush=True)
+        return
     if python is not None and os.environ.get(REEXEC_ENV) is None:
         print(f"vLLM's CPU build is in {python.parent.parent}: running "
               f"{python} {' '.join(command)}", file=sys.stderr, flush=True)

@@ -367,7 +367,8 @@ class RunTracker:
         """Drop the records after ``resume_step`` (all when ``None``); the last kept step."""
         kept = keep_metrics(self.metrics_path,
                             lambda r: resume_step is not None and r["step"] <= resume_step,
-                            f"after step {resume_step} (they will be redone)")
+                            "of an earlier start (the run starts over)" if resume_step is None
+                            else f"after step {resume_step} (they will be redone)")
         return kept[-1]["step"] if kept else None
 
     def log(self, step: int, metrics: Mapping[str, Any],
