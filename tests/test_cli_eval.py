@@ -51,6 +51,24 @@ def test_random_on_the_test_split(tmp_path, capsys):
     assert "blocksworld2dAgent" in captured.out and captured.err == ""
 
 
+def test_without_out_an_earlier_eval_is_kept_and_the_new_file_named(tmp_path, capsys,
+                                                                    monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    line = ["eval", "--policy", "random", "--presets", "banditAgent", "--groups", "1",
+            "--no-progress"]
+    assert main(line) == 0
+    first = (tmp_path / "eval_results.json").read_text()
+    assert "wrote eval_results.json" in capsys.readouterr().out
+    assert main([*line, "--seed", "1"]) == 0
+    out = capsys.readouterr().out
+    assert (tmp_path / "eval_results.json").read_text() == first  # not overwritten
+    assert json.loads((tmp_path / "eval_results_2.json").read_text())["policy"] == "random"
+    assert "wrote eval_results_2.json" in out and "eval_results.json is kept" in out
+    assert main([*line, "--out", "eval_results.json"]) == 0  # named: replaced
+    assert "wrote eval_results.json" in capsys.readouterr().out
+    assert not (tmp_path / "eval_results_3.json").exists()
+
+
 @pytest.mark.parametrize("args, message", [
     (["--presets", "simpleSokobanAgent", "chessAgent"], "unknown preset(s) ['chessAgent']"),
     (["--groups", "0"], "expected an integer >= 1"),

@@ -67,3 +67,17 @@ def test_a_bad_variant_fails_before_playing(capsys, tmp_path):
     assert exit_info.value.code == 2
     assert "enable_think" in capsys.readouterr().err
     assert not (tmp_path / "x.json").exists()
+
+
+def test_a_variant_given_twice_is_played_once(tmp_path, capsys):
+    """``enable_think=true`` and ``enable_think=True``, the same settings: one variant, and the
+    console says which was dropped."""
+    out = tmp_path / "compare.json"
+    assert main(["eval", "--policy", "random", "--presets", "banditAgent", "--groups", "1",
+                 "--out", str(out), "--no-progress", "--compare", "enable_think=true",
+                 "max_turns=2", "enable_think=True", "enable_think=true"]) == 0
+    data = json.loads(out.read_text())
+    assert list(data["variants"]) == ["enable_think=true", "max_turns=2"]
+    assert [row["variant"] for row in data["comparison"]] == ["enable_think=true", "max_turns=2"]
+    printed = capsys.readouterr().out
+    assert "'enable_think=True', 'enable_think=true' repeat 'enable_think=true'" in printed

@@ -24,7 +24,9 @@ and uniformly random legal actions, the bounds a trained model sits between.
 
 Prints a table (success % with its 95% Wilson interval, mean return, mean turns, valid-action
 %, format-error %, mean response tokens per preset) and writes the same numbers with the seeds and settings as JSON to
---out (default eval_results.json), with --log-episodes episodes per preset recorded turn by turn
+--out (default eval_results.json; where that exists, an earlier eval's, the first free
+eval_results_N.json, N = 2, 3, ...: only an --out that names a file replaces it), with
+--log-episodes episodes per preset recorded turn by turn
 (`agentrl report eval_results.json` shows them). --model takes 'embedded', 'tiny', a Hugging Face folder or
 hub id, a training checkpoint folder (its actor/ model is loaded) or a training run folder (its
 best checkpoint by held-out validation, checkpoints/best.json, else its newest; --checkpoint
@@ -32,7 +34,8 @@ last|step_N chooses another). Presets are the names in configs/agents.yaml, or '
 presets generate their games on first use: slow once).
 
 --compare VARIANT [VARIANT ...] plays every variant (agent settings KEY=VALUE[,KEY=VALUE] laid
-over each preset, e.g. enable_think=false) on the same seeds and prints one table (success,
+over each preset, e.g. enable_think=false; one that repeats an earlier one's settings is played
+once) on the same seeds and prints one table (success,
 return, reply tokens, seconds per episode per variant and preset); the JSON holds each
 variant's results and a PNG of the table goes to --plot (default: --out with .png).
 See agentrl/evaluation/compare.py.
@@ -86,8 +89,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "held-out validation)")
     parser.add_argument("--split", choices=SPLITS, default="val",
                         help="held-out seed range (default val)")
-    parser.add_argument("--out", default=DEFAULT_OUT,
-                        help=f"JSON file for the results (default {DEFAULT_OUT})")
+    parser.add_argument("--out", default=None,
+                        help=f"JSON file for the results, replaced if it exists (default "
+                             f"{DEFAULT_OUT}, or where that exists the first free "
+                             f"{Path(DEFAULT_OUT).stem}_N.json: an earlier eval is kept)")
     parser.add_argument("--device", choices=DEVICES, default="auto",
                         help="where the model runs (default auto: cuda when available)")
     parser.add_argument("--dtype", choices=DTYPES, default="float32",
@@ -190,6 +195,8 @@ def run(args: argparse.Namespace, out=None) -> int:
     available = settings.agents if settings is not None else load_agent_presets()
     names = args.presets or (settings.val_presets if settings is not None else DEFAULT_PRESETS)
     presets = select_presets(list(names), available)
+    named_out = args.out is not None
+    args.out = args.out if named_out else str(free_path(DEFAULT_OUT))
     writable_path(args.out, "--out")
     if args.plot is not None:
         writable_path(args.plot, "--plot")
@@ -199,7 +206,7 @@ def run(args: argparse.Namespace, out=None) -> int:
     if args.compare:
         from agentrl.evaluation.compare import apply_variant, parse_variant
 
-        variants = [parse_variant(text) for text in args.compare]
+        variants = distinct_variants([parse_variant(text) for text in args.compare], out)
         for variant in variants:  # a bad value fails before the model loads
             apply_variant(presets, variant)
     llm = decoding = None
@@ -240,11 +247,41 @@ def run(args: argparse.Namespace, out=None) -> int:
         report["model"] = {"name": args.model, "path": model_path(args.model),
                            "sampling": dataclasses.asdict(options["sampling"]),
                            "generation": llm.stats.as_dict()}
-    path = Path(args.out)
+    path = Path(args.out) if named_out else free_path(DEFAULT_OUT)  # taken meanwhile: the next
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_text(json.dumps(report, indent=2) + "\n")
-    console.print(f"wrote {path}")
+    kept = "" if named_out or path.name == DEFAULT_OUT else (
+        f" ({DEFAULT_OUT} is kept, an earlier eval's; --out names the file to write)")
+    console.print(f"wrote {path}{kept}", highlight=False, soft_wrap=True)
     return 0
+
+
+def free_path(name: str | Path) -> Path:
+    """``name`` where no file is there, else the first free ``<stem>_N<suffix>`` (N = 2, 3,
+    ...) beside it: a default output never replaces an earlier one."""
+    path = Path(name)
+    number = 2
+    while path.exists():
+        path = Path(name).with_name(f"{Path(name).stem}_{number}{Path(name).suffix}")
+        number += 1
+    return path
+
+
+def distinct_variants(variants: list, out) -> list:
+    """The variants with distinct settings, each once in the order first given; the ones left
+    out are named on ``out`` (``enable_think=True`` repeats ``enable_think=true``)."""
+    kept: dict[str, Any] = {}
+    repeats: dict[str, list[str]] = {}
+    for variant in variants:
+        key = json.dumps(variant.settings, sort_keys=True, default=str)
+        if key in kept:
+            repeats.setdefault(kept[key].label, []).append(variant.label)
+        else:
+            kept[key] = variant
+    for label, same in repeats.items():
+        print(f"--compare: {', '.join(map(repr, same))} repeat{'s' if len(same) == 1 else ''} "
+              f"{label!r}: played once", file=out)
+    return list(kept.values())
 
 
 def _comparison_report(results, args: argparse.Namespace, label: str, console) -> dict:
