@@ -607,6 +607,22 @@ def deadline(minutes: float | None) -> float | None:
 
 
 # -- runs and summary ----------------------------------------------------------------------------
+HEALTH = ("critic/vf_explained_var", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy")
+"""The RL health numbers a PPO run reports beside its result: the critic's explained variance,
+the clip fraction, the KL of the update, the entropy per real choice."""
+
+
+def health(run_dir: Path, steps: tuple[int, int | None] = (1, None)) -> dict[str, float | None]:
+    """A PPO run's mean :data:`HEALTH` numbers over its steps ``steps[0]..steps[1]`` (inclusive;
+    None: to its last) from its ``metrics.jsonl``; None where never logged."""
+    first, last = steps
+    records = [r for r in read_metrics(run_dir / "metrics.jsonl")
+               if r.get("step", 0) >= max(first, 1) and (last is None or r["step"] <= last)]
+    return {key: (statistics.fmean(values) if (values := [r[key] for r in records
+                                                            if r.get(key) is not None]) else None)
+            for key in HEALTH}
+
+
 def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
                lever: tuple[str, list[str]] | None = None) -> dict[str, Any]:
     """One run of a recipe (with a ``--lever`` on its PPO stage): its stages, then
@@ -628,6 +644,10 @@ def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
            "steps": stages[-1].get("steps"), "stages": stages}
     if recipe.sft and recipe.ppo:
         run["after_sft"] = stages[0]["after"]
+    if recipe.ppo:  # the issue's window for the critic: its explained variance on steps 5-20
+        folder = configs.args.run_dir / ppo_folder / f"seed_{seed}"
+        run["health"] = health(folder)
+        run["explained_variance_steps_5_20"] = health(folder, (5, 20))[HEALTH[0]]
     return run
 
 
@@ -654,7 +674,17 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "train_minutes": statistics.fmean(r["train_minutes"] for r in runs),
         "wall_minutes": statistics.fmean(r["wall_minutes"] for r in runs),
         "steps": statistics.fmean(steps) if steps else None,
+        **({"health": {key: mean_of(r["health"][key] for r in runs) for key in HEALTH},
+            "explained_variance_steps_5_20": mean_of(r["explained_variance_steps_5_20"]
+                                                     for r in runs)}
+           if all("health" in r for r in runs) else {}),
     }
+
+
+def mean_of(values: Iterable[float | None]) -> float | None:
+    """The mean of the values that are not None; None when none is."""
+    known = [v for v in values if v is not None]
+    return statistics.fmean(known) if known else None
 
 
 def variant_overrides(preset: str, text: str) -> list[str]:

@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import statistics
 import time
 from pathlib import Path
 from typing import Any
@@ -42,11 +41,10 @@ from agentrl.cli.bench import script_module, write_result
 from agentrl.engines import SamplingParams
 from agentrl.envs.splits import train_seeds
 from agentrl.rollout.groups import run_groups
-from agentrl.trainers.tracking import read_metrics
 
 LEARN = script_module(Path(__file__).parent / "learn.py")
 """The warm start and PPO stages (scripts/bench/learn.py)."""
-HEALTH = ("critic/vf_explained_var", "actor/pg_clipfrac", "actor/ppo_kl", "actor/entropy")
+HEALTH = LEARN.HEALTH
 """The PPO run's health numbers, averaged over its steps."""
 
 
@@ -138,16 +136,6 @@ def pool_stage(configs: Any, seed: int, warm: dict[str, Any]) -> dict[str, Any]:
         "wall_minutes": (time.perf_counter() - start) / 60})
 
 
-def health(run_dir: Path) -> dict[str, float | None]:
-    """The PPO run's mean health numbers over its steps (None where never logged)."""
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl") if r.get("step", 0) > 0]
-    out = {}
-    for key in HEALTH:
-        values = [r[key] for r in records if r.get(key) is not None]
-        out[key] = statistics.fmean(values) if values else None
-    return out
-
-
 def run_seed(configs: Any, seed: int) -> dict[str, Any]:
     args = configs.args
     # the warm start is not PPO's budget: uncapped, shared with the learning benchmark's
@@ -173,7 +161,7 @@ def run_seed(configs: Any, seed: int) -> dict[str, Any]:
             "pool_before": sum(before) / len(pool), "pool_after": sum(after) / len(pool),
             "pool_after_wins": after, "held_out_warm_start": warm["after"],
             "held_out_after": ppo["after"], "ppo_steps": ppo["steps"],
-            "ppo_train_minutes": ppo["train_minutes"], "health": health(folder),
+            "ppo_train_minutes": ppo["train_minutes"], "health": LEARN.health(folder),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 

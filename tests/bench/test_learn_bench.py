@@ -33,8 +33,13 @@ def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsy
     result = json.loads((tmp_path / "learn.json").read_text())
     assert [row["recipe"] for row in result["summary"]] == ["untrained", "sft_ppo"]
     for row in result["summary"]:
-        assert set(row) == SUMMARY_KEYS and row["runs"] == 1
+        ppo = {"health", "explained_variance_steps_5_20"} if row["recipe"] == "sft_ppo" else set()
+        assert set(row) == SUMMARY_KEYS | ppo and row["runs"] == 1
         assert 0 <= row["after_min"] <= row["after_mean"] <= row["after_max"] <= 1
+    health = result["summary"][1]["health"]  # the PPO run's health, from its metrics.jsonl
+    assert set(health) == set(bench.HEALTH)
+    assert health["critic/vf_explained_var"] is not None and health["actor/entropy"] > 0
+    assert result["summary"][1]["explained_variance_steps_5_20"] is None  # one step: none there
     assert set(result["references"]) == {"random", "oracle"}
     assert result["references"]["oracle"]["success"] == 1.0
     run = result["runs"]["sft_ppo"][0]
@@ -44,7 +49,8 @@ def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsy
     assert run["before"]["format_error"] == 0 and run["after_sft"]["format_error"] == 0
     assert Path(result["plot"]).stat().st_size > 0
     table = capsys.readouterr().out
-    for label in ("untrained", "sft_ppo", "random policy", "oracle policy", "before", "gain"):
+    for label in ("untrained", "sft_ppo", "random policy", "oracle policy", "before", "gain",
+                  "RL health", "explained var."):
         assert label in table
     assert not list((tmp_path / "runs").glob("*/seed_*/checkpoints"))  # all trained, pruned
 
