@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 
 from agentrl import __version__
-from agentrl.cli import bench, make_data, play, report, sft, train
+from agentrl.cli import bench, doctor, make_data, play, report, sft, train
 from agentrl.cli import eval as eval_command  # the module; the name keeps the builtin
 
 COMMANDS = {
@@ -21,10 +21,11 @@ COMMANDS = {
     "make-data": (make_data, "write the verl backend's task files (preset, seed, split)"),
     "report": (report, "write one self-contained HTML page of a run or an eval file"),
     "bench": (bench, "run a benchmark of scripts/bench/ (none named: list them)"),
+    "doctor": (doctor, "check the verl backend on this node in minutes: a pass/fail table"),
 }
 
 
-OVERRIDE_COMMANDS = ("train", "sft", "make-data")
+OVERRIDE_COMMANDS = ("train", "sft", "make-data", "doctor")
 """The commands whose ``key=value`` overrides may stand on either side of a flag."""
 
 

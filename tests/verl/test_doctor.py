@@ -1,0 +1,277 @@
+"""`agentrl doctor` (agentrl/cli/doctor.py): each row passes on a healthy record and fails on the
+record of the defect it checks; the table and exit status from a doctor's folder; the stages'
+configs pass verl's own checks on every GPU preset and on the CPU; use_remove_padding's
+comparison through verl's engine fails when packed rows attend to each other. The CPU rows on
+verl's real trainers: tests/verl/test_cpu_trainer.py checks its runs with them."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from agentrl.cli import doctor
+from agentrl.cli.doctor import FAIL, PASS, SKIP, StageResult
+from agentrl.verl.preflight import MemoryEstimate
+
+
+def step(top: float = 1e-3, mean: float = 1e-4, **more: float) -> dict[str, float]:
+    return {"training/rollout_probs_diff_max": top, "training/rollout_probs_diff_mean": mean,
+            **more}
+
+
+def stage(name: str, steps: dict, **fields) -> StageResult:
+    return StageResult(name, ran=True, steps=steps, **fields)
+
+
+def violations(*counts: float) -> list[dict]:
+    return [{"step": s, "train/quickSokobanAgent/constraint_violations": c}
+            for s, c in enumerate(counts, 1)]
+
+
+# -- the rows --------------------------------------------------------------------------------------
+def test_the_legacy_row_fails_on_a_sampler_off_the_trainer_or_a_missing_step():
+    assert doctor.legacy_row(stage("legacy", {1: step(), 2: step(), 3: step()}), 3).status == PASS
+    off = doctor.legacy_row(stage("legacy", {1: step(), 2: step(top=0.9, mean=0.05),
+                                             3: step()}), 3)
+    assert off.status == FAIL and "another distribution" in off.detail
+    missing = doctor.legacy_row(stage("legacy", {1: step(), 2: step()}), 3)
+    assert missing.status == FAIL and "expected 1..3" in missing.detail
+    unlogged = doctor.legacy_row(stage("legacy", {1: {}, 2: {}}), 2)
+    assert unlogged.status == FAIL and "not logged" in unlogged.detail
+
+
+def test_the_legacy_row_reports_a_run_that_failed_or_was_not_started():
+    failed = StageResult("legacy", ran=True, error="agentrl train exited 1")
+    assert doctor.legacy_row(failed, 3) == doctor.Row(doctor.legacy_row(failed, 3).name, FAIL,
+                                                      "agentrl train exited 1")
+    assert doctor.legacy_row(StageResult("legacy", ran=False, error="no vLLM"), 3).status == SKIP
+
+
+def test_the_constrained_row_fails_on_a_violation_or_a_wider_gap_than_unconstrained():
+    reference = stage("legacy", {1: step(mean=1e-3), 2: step(mean=1e-3)})
+    clean = stage("constrained", {1: step(mean=1.5e-3), 2: step(mean=1e-3)},
+                  records=violations(0, 0))
+    assert doctor.constrained_row(clean, 2, reference).status == PASS
+    violated = stage("constrained", clean.steps, records=violations(0, 1))
+    row = doctor.constrained_row(violated, 2, reference)
+    assert row.status == FAIL and "1 replies left their masks" in row.detail
+    wider = stage("constrained", {1: step(mean=9e-3), 2: step()}, records=violations(0, 0))
+    row = doctor.constrained_row(wider, 2, reference)
+    assert row.status == FAIL and "the trainer's masks are not the sampler's" in row.detail
+    assert doctor.constrained_row(wider, 2, None).status == PASS  # the limits alone
+    unrecorded = stage("constrained", clean.steps, records=[{"step": 1}, {"step": 2}])
+    assert "constraint_violations recorded for steps []" in doctor.constrained_row(
+        unrecorded, 2, reference).detail
+
+
+def test_the_cut_episode_row_fails_on_a_bootstrapped_return():
+    ended = [{"step": s, "rows": [{"value": 0.3 * s, "reward": -1.0, "return": -1.0}]}
+             for s in (1, 2, 3)]
+    row = doctor.cut_episodes_row(stage("legacy", {}, cut=ended), 3)
+    assert row.status == PASS and "step 3: V +0.900" in row.detail
+    # the old rule: the return at the last model token was r_T + V_T
+    bootstrapped = [{"step": s, "rows": [{"value": v, "reward": -1.0, "return": -1.0 + v}]}
+                    for s, v in ((1, 0.2), (2, -0.8), (3, -1.7))]
+    row = doctor.cut_episodes_row(stage("legacy", {}, cut=bootstrapped), 3)
+    assert row.status == FAIL and "bootstrapped" in row.detail
+    uncut = [{"step": s, "rows": []} for s in (1, 2, 3)]
+    assert "no episode was cut" in doctor.cut_episodes_row(stage("legacy", {}, cut=uncut),
+                                                           3).detail
+    assert doctor.cut_episodes_row(stage("legacy", {}, cut=[]), 3).status == FAIL
+
+
+def test_the_memory_row_fails_above_the_estimate_and_skips_on_a_cpu():
+    estimate = MemoryEstimate(update=30.0, no_grad=20.0, rollout=60.0, critic=25.0)
+    gib = 1e9 / 1024 ** 3  # verl logs GiB
+    healthy = stage("legacy", {s: step(**{"critic/perf/max_memory_reserved_gb": 18 * gib,
+                                          "actor/perf/max_memory_reserved_gb": 28 * gib})
+                               for s in (1, 2)}, gpu_peak_gb=55.0)
+    row = doctor.memory_row(healthy, estimate, "cuda")
+    assert row.status == PASS and "after the actor's update 28.0 GB (estimate 30.0)" in row.detail
+    over = stage("legacy", {1: healthy.steps[1], 2: step(
+        **{"actor/perf/max_memory_reserved_gb": 33 * gib})}, gpu_peak_gb=55.0)
+    row = doctor.memory_row(over, estimate, "cuda")
+    assert row.status == FAIL and "after the actor's update" in row.detail
+    card = stage("legacy", healthy.steps, gpu_peak_gb=71.0)
+    assert "whole GPU" in doctor.memory_row(card, estimate, "cuda").detail.split(":")[0]
+    assert doctor.memory_row(healthy, estimate, "cpu").status == SKIP
+    assert doctor.memory_row(healthy, None, "cuda", "no sizes").status == SKIP
+    unlogged = stage("legacy", {1: step(), 2: step()})
+    assert doctor.memory_row(unlogged, estimate, "cuda").status == FAIL
+
+
+def test_the_v1_row_needs_the_v1_trainer_and_a_row_per_turn():
+    rows = {"perf/total_num_tokens": 1000.0, "prompt_length/mean": 100.0,
+            "response_length/mean": 25.0}  # 8 rows
+    log = "(TaskRunnerV1 pid=1) ..."
+    assert doctor.v1_row(stage("v1", {1: step(**rows), 2: step(**rows)}, log=log), 2,
+                         4).status == PASS
+    one_row_each = stage("v1", {1: step(**rows), 2: step(**rows)}, log=log)
+    assert doctor.v1_row(one_row_each, 2, 8).status == FAIL
+    legacy = stage("v1", {1: step(**rows), 2: step(**rows)}, log="(TaskRunner pid=1)")
+    assert "TaskRunnerV1" in doctor.v1_row(legacy, 2, 4).detail
+
+
+def test_the_logprob_row_fails_when_the_layouts_disagree():
+    check = {"max_abs_diff": 2e-3, "tokens": 40, "rows": 4, "masked": 4}
+    assert doctor.logprobs_row(check).status == PASS
+    assert doctor.logprobs_row({**check, "max_abs_diff": 0.3}).status == FAIL
+    assert doctor.logprobs_row({**check, "max_abs_diff": float("nan")}).status == FAIL
+    assert doctor.logprobs_row(None, "needs a GPU").status == SKIP
+
+
+# -- the command -----------------------------------------------------------------------------------
+def write_stage(folder: Path, name: str, steps: dict, records=(), cut=(), log_extra: str = ""):
+    lines = [f"step:{s} - " + " - ".join(f"{k}:{v}" for k, v in values.items())
+             for s, values in steps.items()]
+    (folder / f"{name}.log").write_text(log_extra + "\n" + "\n".join(lines) + "\n")
+    (folder / f"{name}.json").write_text(json.dumps({"minutes": 1.0, "error": ""}))
+    (folder / name / "probe").mkdir(parents=True)
+    (folder / name / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+    (folder / name / "probe" / "cut_episodes.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in cut))
+
+
+def doctor_folder(folder: Path, violation: float) -> Path:
+    """A doctor's folder as a CPU run leaves it, with ``violation`` replies outside their
+    masks at the constrained run's second step."""
+    folder.mkdir()
+    (folder / "doctor.json").write_text(json.dumps(
+        {"overrides": ["hardware=cpu-verl", "model=tiny_vllm"]}))
+    cut = [{"step": s, "rows": [{"value": 0.1, "reward": 0.0, "return": 0.0}]} for s in (1, 2, 3)]
+    write_stage(folder, "legacy", {s: step() for s in (1, 2, 3)}, cut=cut)
+    write_stage(folder, "constrained", {s: step() for s in (1, 2)},
+                records=violations(0, violation))
+    windows = {"perf/total_num_tokens": 1200.0, "prompt_length/mean": 100.0,
+               "response_length/mean": 20.0}
+    write_stage(folder, "v1", {s: step(**windows) for s in (1, 2)}, log_extra="TaskRunnerV1")
+    return folder
+
+
+@pytest.mark.parametrize(("violation", "status"), [(0.0, 0), (1.0, 1)])
+def test_the_table_from_a_doctors_folder_fails_on_a_constraint_violation(tmp_path, capsys,
+                                                                          violation, status):
+    folder = doctor_folder(tmp_path / "doctor", violation)
+    args = argparse.Namespace(overrides=[], out=None, check=folder)
+    assert doctor.run(args) == status
+    table = capsys.readouterr().out
+    lines = {line.split("  ")[0].strip(): line for line in table.splitlines()}
+    assert "PASS" in lines["legacy trainer, 3 steps"]
+    assert ("FAIL" if violation else "PASS") in lines["constrained actions"]
+    assert "SKIP    needs a GPU" in lines["peak memory per phase"]
+    assert "SKIP    needs a GPU" in lines["use_remove_padding on/off"]
+    assert "PASS" in lines["cut episodes: critic at last token"]
+    assert "PASS" in lines["V1 trainer, windowed, 2 steps"]
+    assert f"{4 - int(violation)} passed, {int(violation)} failed, 2 skipped" in table
+
+
+def test_check_of_a_folder_that_is_not_a_doctors_names_it(tmp_path):
+    with pytest.raises(ValueError, match="no doctor.json"):
+        doctor.run(argparse.Namespace(overrides=[], out=None, check=tmp_path))
+
+
+def test_a_stage_not_started_says_why(tmp_path):
+    folder = doctor_folder(tmp_path / "doctor", 0.0)
+    for suffix in ("log", "json"):
+        (folder / f"v1.{suffix}").unlink()
+    (folder / "v1.skipped").write_text("verl.trainer=v1 needs TransferQueue")
+    row = doctor.v1_row(StageResult.read(folder, "v1"), 2, 4)
+    assert row.status == SKIP and "TransferQueue" in row.detail
+
+
+@pytest.mark.parametrize("user", [["hardware=a100", "model=qwen_3b"],
+                                  ["hardware=l40", "model=qwen_halfb", "verl.nnodes=2"],
+                                  ["hardware=cpu-verl", "model=tiny_vllm"]])
+def test_every_stage_passes_verls_checks_and_the_preflight(user, tmp_path, capsys):
+    """What the doctor starts on a GPU node, checked here as --dry-run checks a job: verl's own
+    config checks and the dispatch arithmetic on the composed config."""
+    from agentrl.config import compose_config
+    from agentrl.verl.launch import launch
+
+    config = compose_config(user)
+    made = doctor.stages(config, tmp_path)
+    assert [s.name for s in made] == ["legacy", "constrained", "v1"]
+    gpus = config.verl.nnodes * config.verl.n_gpus_per_node
+    assert doctor.episodes_per_step(config) % gpus == 0
+    for each in made:
+        assert launch(compose_config([*user, *each.overrides]), dry_run=True) == 0
+        out = capsys.readouterr().out
+        assert "    trainer.save_freq=-1 \\" in out  # no checkpoint: minutes saved
+        assert ("AGENTRL_PROBE_DIR" in out) == (each.name != "v1")
+
+
+# -- use_remove_padding, through verl's engine -----------------------------------------------------
+def probe_batch(tokenizer):
+    """A legacy batch of 3 rows of different lengths (prompts left-padded, responses
+    right-padded, an observation of mask 0 in one), the first with constrained masks."""
+    from verl import DataProto
+
+    from agentrl.engines.constrained import TokenMask
+    from agentrl.verl.constrained import MASKS_FIELD, RowMasks
+
+    prompts = [tokenizer.encode(t) for t in ("Push the box.", "A longer prompt: go up and then "
+                                              "left", "Hi")]
+    responses = [tokenizer.encode(t) for t in ("<answer>Up</answer>", "Left, then down",
+                                               "Right")]
+    width_p, width_r = max(map(len, prompts)), max(map(len, responses))
+    rows = {k: [] for k in ("prompts", "responses", "response_mask", "attention_mask")}
+    for p, r in zip(prompts, responses):
+        rows["prompts"].append([0] * (width_p - len(p)) + p)
+        rows["responses"].append(r + [0] * (width_r - len(r)))
+        mask = [1] * len(r)
+        if len(r) > 3:
+            mask[2] = 0  # an observation token
+        rows["response_mask"].append(mask + [0] * (width_r - len(r)))
+        rows["attention_mask"].append([0] * (width_p - len(p)) + [1] * (len(p) + len(r))
+                                      + [0] * (width_r - len(r)))
+    tensors = {k: torch.tensor(v) for k, v in rows.items()}
+    tensors["input_ids"] = torch.cat([tensors["prompts"], tensors["responses"]], dim=1)
+    tensors["position_ids"] = (tensors["attention_mask"].cumsum(1) - 1).clamp(min=0)
+    data = DataProto.from_dict(tensors=tensors)
+    first = responses[0]
+    masks = [TokenMask((first[0], first[0] + 1), True), TokenMask((5,), False)]
+    data.non_tensor_batch[MASKS_FIELD] = np.array(
+        [RowMasks.pack(masks + [None] * (len(first) - 2)), None, None], dtype=object)
+    return data
+
+
+class Varlen(torch.nn.Module):
+    """The model, with packed input as flash-attn's varlen attention runs it: each sequence
+    (a run of position ids from 0) attends only to itself."""
+
+    def __init__(self, model):
+        super().__init__()
+        self.model = model
+
+    def forward(self, input_ids, position_ids=None, **kwargs):
+        from types import SimpleNamespace
+
+        if input_ids.shape[0] != 1 or position_ids is None or kwargs.get("attention_mask") \
+                is not None:
+            return self.model(input_ids=input_ids, position_ids=position_ids, **kwargs)
+        starts = (position_ids[0] == 0).nonzero().flatten().tolist() + [input_ids.shape[1]]
+        logits = [self.model(input_ids=input_ids[:, a:b]).logits
+                  for a, b in zip(starts, starts[1:])]
+        return SimpleNamespace(logits=torch.cat(logits, dim=1))
+
+
+@pytest.mark.usefixtures("one_torch_thread")
+def test_packed_and_padded_masked_logprobs_agree_and_fail_when_rows_attend_across(tiny):
+    model, tokenizer = tiny
+    batch = probe_batch(tokenizer)
+    check = doctor.compare_remove_padding(Varlen(model), batch, temperature=1.0)
+    assert check["rows"] == 3 and check["masked"] == 1
+    assert doctor.logprobs_row(check).status == PASS, check
+    # the constrained first row's masked distribution differs from the free one
+    masked = doctor.masked_logprobs(Varlen(model), batch, False, 1.0)
+    free = batch.select(batch_keys=list(doctor.PROBE_COLUMNS), non_tensor_batch_keys=[])
+    assert (masked[0, 0] - doctor.masked_logprobs(model, free, False, 1.0)[0, 0]).abs() > 1e-3
+    # sdpa on a CPU does not split packed rows: the second row sees the first
+    crossed = doctor.compare_remove_padding(model, batch, temperature=1.0)
+    row = doctor.logprobs_row(crossed)
+    assert row.status == FAIL and "the layouts disagree" in row.detail
