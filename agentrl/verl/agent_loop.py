@@ -7,6 +7,8 @@ Plug it into verl's ``main_ppo`` with these overrides (:func:`verl_overrides` re
     actor_rollout_ref.rollout.agent.default_agent_loop=agentrl_game
     ++actor_rollout_ref.rollout.agent.agent_loop_manager_class=\
         agentrl.verl.agent_loop.GameAgentLoopManager     # V1: agent_loop_v1.GameAgentLoopManagerTQ
+    trainer.v1.sampler.custom_sampler.name=GameReplayBuffer  # V1 only: logs the rows (+ path,
+                                                             # sampler_kwargs: SAMPLER_KWARGS)
 
 ``external_lib`` makes every AgentLoopWorker import this module, whose ``@register`` puts the
 loop in verl's registry (rows pick it by ``agent_name``; the default covers rows without one);
@@ -62,15 +64,17 @@ episode with verl's server manager as the ``llm`` and returns verl's ``AgentLoop
   turns: verl's own validation reports them per preset (``val-aux/<preset>/success/mean@1``)
   beside ``val-core/<preset>/reward`` (the sum of the rewards: the return, validation rows being
   undiscounted). ``extra_fields["agentrl_episode"]`` carries the episode's ``EpisodeOutcome``;
-  :class:`GameAgentLoopManager` logs every batch's ``train/<preset>/...`` or ``val/<preset>/...``
-  metrics under the local engine's names (:mod:`agentrl.verl.metrics`). An episode the
+  :class:`GameAgentLoopManager` (V1: :class:`~agentrl.verl.agent_loop_v1.GameReplayBuffer`) logs
+  every batch's ``train/<preset>/...`` or ``val/<preset>/...`` metrics under the local engine's
+  names, with verl's own (:mod:`agentrl.verl.metrics`). An episode the
   response budget ended counts as ``context_exhausted``, and is flagged
   ``extra_fields["agentrl_truncated"]``; GAE ends it where it was cut, as the local engine and
   V1 do (why: :mod:`agentrl.verl.returns`).
 - **Episode records.** ``extra_fields["agentrl_episode_record"]`` carries the episode's record
   (per turn the observation, reply, actions and flags; bounded, about as many characters as the
   episode has tokens); the manager takes that column out of the batch and writes a sample
-  (:mod:`agentrl.verl.episodes`), as the local engine does.
+  (:mod:`agentrl.verl.episodes`), as the local engine does (V1: the replay buffer, from
+  TransferQueue).
 - **Off the event loop.** Building the agent, its first reset (TextWorld may generate the game:
   ~1-2 s) and the first prompt's tokenization run in a worker thread; members of a group
   wait for one another there, so a game is made once per process. ``run_episode`` runs slow env
@@ -113,7 +117,7 @@ from agentrl.verl.episode_task import (
     ResponseBudget,
     row_index,
 )
-from agentrl.verl.episodes import VerlEpisodeLog
+from agentrl.verl.episodes import LOG_EPISODES_KEY, VerlEpisodeLog
 from agentrl.verl.metrics import EpisodeMetricsLog
 from agentrl.verl.returns import patch_compute_advantage
 from agentrl.verl.rows import (
@@ -135,6 +139,16 @@ __all__ = [
     "verl_overrides", "window_outputs",
 ]
 
+V1_MODULE = "agentrl.verl.agent_loop_v1"
+"""The V1 trainer's manager and replay buffer (importing it needs TransferQueue)."""
+SAMPLER_KWARGS = {"default_local_dir": "trainer.default_local_dir", "logger": "trainer.logger",
+                  LOG_EPISODES_KEY: f"trainer.{LOG_EPISODES_KEY}",
+                  "n": "actor_rollout_ref.rollout.n",
+                  "val_n": "actor_rollout_ref.rollout.val_kwargs.n"}
+"""V1's ``trainer.v1.sampler.sampler_kwargs``: what our replay buffer reads, as interpolations
+of the verl keys holding it (the replay buffer is not given verl's config)."""
+
+
 def verl_overrides(use_v1: bool) -> list[str]:
     """The hydra overrides of verl's ``ppo_trainer`` config that run this loop."""
     overrides = [
@@ -143,8 +157,14 @@ def verl_overrides(use_v1: bool) -> list[str]:
         f"actor_rollout_ref.rollout.agent.default_agent_loop={AGENT_NAME}",
     ]
     manager = (f"{__name__}.{GameAgentLoopManager.__qualname__}" if not use_v1
-               else "agentrl.verl.agent_loop_v1.GameAgentLoopManagerTQ")  # needs TransferQueue
+               else f"{V1_MODULE}.GameAgentLoopManagerTQ")  # needs TransferQueue
     overrides.append(f"++actor_rollout_ref.rollout.agent.agent_loop_manager_class={manager}")
+    if use_v1:  # V1's rows pass its replay buffer, not the manager: ours logs them
+        sampler = "trainer.v1.sampler"
+        overrides += [f"{sampler}.custom_sampler.path=pkg://{V1_MODULE}",
+                      f"{sampler}.custom_sampler.name=GameReplayBuffer",
+                      *(f"++{sampler}.sampler_kwargs.{key}=${{{source}}}"
+                        for key, source in SAMPLER_KWARGS.items())]
     return overrides
 
 

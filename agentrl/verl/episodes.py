@@ -9,21 +9,28 @@ travels no further than the manager) and hands it here. :class:`VerlEpisodeLog` 
 :mod:`agentrl.verl.metrics` does), and writes them with
 :class:`~agentrl.trainers.episode_log.EpisodeLog`; also a WandB table into the step verl logs
 next, and one sampled validation reply on the console.
+
+Under the V1 trainer the rows go from the AgentLoop workers straight into TransferQueue, past
+the manager: there verl's replay buffer hands each batch to the trainer, and ours
+(:class:`~agentrl.verl.agent_loop_v1.GameReplayBuffer`) reads the batch's ``extra_fields`` and
+logs it with :func:`log_rows` (one row per episode: a windowed episode's rows all carry its
+outcome and record).
 """
 
 from __future__ import annotations
 
 import logging
 from collections import Counter
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from agentrl.rollout.episode_record import sample_episodes, sample_line
 from agentrl.trainers.episode_log import EpisodeLog
-from agentrl.verl.metrics import verl_run_outputs
+from agentrl.verl.metrics import EpisodeMetricsLog, verl_run_outputs
+from agentrl.verl.rows import EPISODE_INFO, EPISODE_RECORD
 
-__all__ = ["LOG_EPISODES_KEY", "VerlEpisodeLog", "unpadded_records"]
+__all__ = ["LOG_EPISODES_KEY", "VerlEpisodeLog", "episode_rows", "log_rows", "unpadded_records"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +56,30 @@ def unpadded_records(records: Iterable[Mapping[str, Any] | None],
         if seen[row] <= per_row:
             kept.append(record)
     return kept
+
+
+def episode_rows(keys: Iterable[str]) -> list[int]:
+    """The position of each episode's first row among a V1 batch's keys (``{uid}_{session}_{i}``:
+    an episode is a session, its rows are numbered ``i``)."""
+    first: dict[str, int] = {}
+    for position, key in enumerate(keys):
+        parts = str(key).rsplit("_", 2)
+        first.setdefault("_".join(parts[:2]) if len(parts) == 3 else str(key), position)
+    return sorted(first.values())
+
+
+def log_rows(metrics: EpisodeMetricsLog, episodes: VerlEpisodeLog, keys: Sequence[str],
+             extra_fields: Sequence[Mapping[str, Any] | None], meta_info: Mapping[str, Any],
+             per_row: int) -> dict[str, float]:
+    """Log a V1 batch (its keys and its rows' ``extra_fields``) as the legacy trainer's manager
+    logs its batches: the metrics of its episodes and a sample of their records."""
+    rows = [extra_fields[i] if isinstance(extra_fields[i], Mapping) else {}
+            for i in episode_rows(keys)]
+    infos = [row.get(EPISODE_INFO) for row in rows]
+    logged = metrics.log_batch(infos, meta_info, per_row=per_row)
+    episodes.log_batch([row.get(EPISODE_RECORD) for row in rows], infos, meta_info,
+                       per_row=per_row)
+    return logged
 
 
 class VerlEpisodeLog:

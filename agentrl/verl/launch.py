@@ -36,9 +36,13 @@ worker through ``ray_kwargs.ray_init.runtime_env`` (a cluster started before the
 not inherit the launcher's environment).
 Then the task files are written to ``<run_dir>/data`` (:mod:`agentrl.verl.data`)
 and our resolved config to ``<run_dir>/config.yaml``. While it runs, our AgentLoop's manager
-writes our per-preset metrics (``train/<preset>/...``, ``val/<preset>/...``) to
-``<run_dir>/metrics.jsonl`` and verl's WandB run (:mod:`agentrl.verl.metrics`; legacy trainer);
-when it ends, ``learning_curves.png`` is drawn from them (``trainer.plot``). The child process
+writes our per-preset metrics (``train/<preset>/...``, ``val/<preset>/...``) and verl's own
+(``actor/*``, ``critic/*``, ``timing_s/*``: verl's ``file`` logger, followed) to
+``<run_dir>/metrics.jsonl`` and verl's WandB run, and a sample of episodes to
+``<run_dir>/episodes/step_N.jsonl`` (:mod:`agentrl.verl.metrics`, :mod:`agentrl.verl.episodes`;
+on V1 our replay buffer does, :mod:`agentrl.verl.agent_loop_v1`); when it ends, the launch adds
+what verl logged last and draws ``learning_curves.png`` (``trainer.plot``): the folder a local
+run leaves, which ``agentrl report`` reads. The child process
 gets ``PYTHONPATH`` with this checkout, so the Ray workers that a local cluster starts import
 ``agentrl``; on a multi-node cluster every node needs ``agentrl`` installed
 (``bash env_setup.sh --gpu``), see docs/HARDWARE.md.
@@ -74,6 +78,7 @@ from agentrl.trainers.tracking import METRICS_FILE
 from agentrl.verl import constrained, preflight, restart
 from agentrl.verl.cluster import check_cluster
 from agentrl.verl.data import write_tasks
+from agentrl.verl.metrics import ingest_verl_log
 from agentrl.verl.overrides import (
     hydra_value,
     launch_env,
@@ -211,9 +216,11 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     write_model_folder(config)
     print(f"starting verl: {shlex.join(command[:3])} ... ({len(overrides)} overrides)", flush=True)
     command, env = _same_wandb_run(config, command, env)
+    ingest_verl_log(config.run_dir)  # what a killed launch's verl logged last (verl empties it)
     returncode = subprocess.run(command, env=env, check=False,
                                 preexec_fn=restart.die_with_parent).returncode
-    metrics = config.run_dir / METRICS_FILE  # our metrics, written by the AgentLoop's manager
+    ingest_verl_log(config.run_dir)  # verl's last step: logged after our last batch
+    metrics = config.run_dir / METRICS_FILE  # written by the manager (V1: the replay buffer)
     if config.trainer.plot and metrics.exists():
         references = reference_success(config.run_dir, list(config.val.presets),
                                        config.val.group_num)

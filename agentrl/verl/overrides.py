@@ -22,7 +22,7 @@ from typing import Any
 
 import agentrl
 from agentrl.config import TrainConfig
-from agentrl.verl import constrained, restart, returns
+from agentrl.verl import constrained, metrics, restart, returns
 from agentrl.verl.data import TRAIN_FILE, VAL_FILE
 
 __all__ = ["EXTERNAL_MODULES", "WORKER_ENV", "chat_template", "critic_token_budgets",
@@ -240,7 +240,8 @@ def _trainer(config: TrainConfig) -> dict[str, Any]:
     out = {
         "trainer.project_name": config.project,
         "trainer.experiment_name": config.experiment,
-        "trainer.logger": list(t.logger),
+        # + verl's file logger: its metrics reach metrics.jsonl (agentrl.verl.metrics)
+        "trainer.logger": [*t.logger, "file"],
         "trainer.nnodes": v.nnodes,
         "trainer.n_gpus_per_node": v.n_gpus_per_node,
         "trainer.total_epochs": 1,                         # the task file holds every step's rows
@@ -287,7 +288,7 @@ def _fsdp(prefix: str, engine: str, strategy: str, param_offload: bool, optimize
 
 EXTERNAL_MODULES = "VERL_USE_EXTERNAL_MODULES"
 WORKER_ENV = ("PYTHONPATH", "WANDB_MODE", "WANDB_DIR", "AGENTRL_CACHE", EXTERNAL_MODULES,
-              returns.VALUE_CLIP_ENV, *constrained.launch_env())
+              returns.VALUE_CLIP_ENV, metrics.VERL_LOG_ENV, *constrained.launch_env())
 """Variables every Ray worker needs; a Ray cluster started before the launch (always so on
 several nodes) would not inherit them, so they travel in Ray's ``runtime_env``."""
 
@@ -350,6 +351,7 @@ def launch_env(config: TrainConfig, base: Mapping[str, str] | None = None) -> di
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["WANDB_MODE"] = resolve_wandb_mode(config.trainer.wandb_mode)
     env["WANDB_DIR"] = str(config.run_dir)
+    env[metrics.VERL_LOG_ENV] = str(metrics.verl_log_path(config.run_dir))  # verl's file logger
     if on_cpu(config):
         env.update(_cpu_env())
     elif any("env_vars.AGENTRL_VERL_SDPA=" in item for item in config.verl.overrides):

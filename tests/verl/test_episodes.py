@@ -40,3 +40,32 @@ def test_the_launch_key_sets_the_count_and_the_run_folder(tmp_path, monkeypatch)
     assert read_episodes(tmp_path) == {3: written}
     assert calls == [({"episodes/val": ("table", 1)}, {"step": 3, "commit": False})]
     assert log.log_batch([record("p", 1)], None, {}, per_row=1) == []  # no step: nothing
+
+
+def test_a_v1_batch_is_logged_once_per_episode_whatever_its_windows(tmp_path):
+    """V1 keys are ``{uid}_{session}_{window}``: every window row carries its episode's outcome
+    and record, and the episode counts once in the metrics and the records."""
+    from agentrl.rollout import EpisodeOutcome
+    from agentrl.trainers.tracking import read_metrics
+    from agentrl.verl.episodes import episode_rows, log_rows
+    from agentrl.verl.metrics import EpisodeMetricsLog
+    from agentrl.verl.rows import EPISODE_INFO, EPISODE_RECORD
+
+    keys = ["u1_0_0", "u1_0_1", "u1_0_2", "u1_1_0", "u2_0_0", "u2_0_1"]
+    assert episode_rows(keys) == [0, 3, 4]
+    assert episode_rows(["a_b_c_0_1", "a_b_c_0_0", "plain"]) == [0, 2]  # uids with "_"
+    wins = {"u1_0": True, "u1_1": False, "u2_0": False}
+    fields = []
+    for key in keys:
+        session = key.rsplit("_", 1)[0]
+        seed = int(session[1])
+        outcome = EpisodeOutcome("p", seed, wins[session], 1.0 if wins[session] else 0.0, 3,
+                                 {"format_errors": 0.0}, {"generate_s": 0.5})
+        fields.append({EPISODE_INFO: {**outcome.to_dict(), "index": seed},
+                       EPISODE_RECORD: record("p", seed), "reward_extra_info": {}})
+    metrics = EpisodeMetricsLog(tmp_path, use_wandb=False, console=False)
+    episodes = VerlEpisodeLog(tmp_path, 8, use_wandb=False, console=False)
+    logged = log_rows(metrics, episodes, keys, fields, {"global_steps": 2}, per_row=2)
+    assert logged["train/p/success"] == 1 / 3 and logged["train/p/episodes"] == 3
+    assert [r["step"] for r in read_metrics(tmp_path / "metrics.jsonl")] == [2]
+    assert sorted(r["seed"] for r in read_episodes(tmp_path)[2]) == [1, 1, 2]

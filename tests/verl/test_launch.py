@@ -76,7 +76,8 @@ def test_every_gpu_preset_passes_verls_checks(hardware, model):
     assert at(cfg, "trainer.test_freq") == config.val.test_freq
     assert at(cfg, "trainer.total_training_steps") == config.train.total_steps
     assert at(cfg, "trainer.default_local_dir") == str(config.run_dir / "checkpoints")
-    assert list(at(cfg, "trainer.logger")) == ["console", "wandb"]
+    # + verl's file logger, which agentrl.verl.metrics copies into metrics.jsonl
+    assert list(at(cfg, "trainer.logger")) == ["console", "wandb", "file"]
 
 
 def test_smaller_models_get_larger_micro_batches_on_the_same_gpu():
@@ -113,11 +114,19 @@ def test_our_keys_reach_verls(tmp_path):
     assert at(cfg, "actor_rollout_ref.model.custom_chat_template").startswith("{%")
     assert at(cfg, "critic.ppo_epochs") == 3
     assert at(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size") == 64 // 16
-    assert list(at(cfg, "trainer.logger")) == ["console"]
+    assert list(at(cfg, "trainer.logger")) == ["console", "file"]  # + verl's, for metrics.jsonl
     assert at(cfg, "actor_rollout_ref.rollout.val_kwargs.n") == 2
     assert at(cfg, "trainer.use_v1") is True
     assert at(cfg, "actor_rollout_ref.rollout.agent.agent_loop_manager_class") == \
         "agentrl.verl.agent_loop_v1.GameAgentLoopManagerTQ"
+    # V1's rows pass its replay buffer: ours logs them, told where by verl's own keys
+    sampler = "trainer.v1.sampler"
+    assert (at(cfg, f"{sampler}.custom_sampler.path"), at(cfg, f"{sampler}.custom_sampler.name")
+            ) == ("pkg://agentrl.verl.agent_loop_v1", "GameReplayBuffer")
+    kwargs = OmegaConf.to_container(at(cfg, f"{sampler}.sampler_kwargs"), resolve=True)
+    assert kwargs == {"default_local_dir": str(config.run_dir / "checkpoints"),
+                      "logger": ["console", "file"], "agentrl_log_episodes": 4,
+                      "n": at(cfg, "actor_rollout_ref.rollout.n"), "val_n": 2}
     assert at(cfg, "trainer.critic_warmup") == 3  # verl's steps count from 1: 2 critic-only
     assert at(cfg, "trainer.log_val_generations") == 4
     assert at(cfg, "algorithm.lam") == 0.9                         # raw overrides win
