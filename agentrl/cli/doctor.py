@@ -4,6 +4,7 @@ long job: a table of PASS, FAIL and SKIP rows, exit 0 when nothing failed.
     agentrl doctor hardware=a100 model=qwen_3b        # a GPU node: <= 10 minutes
     agentrl doctor hardware=cpu-verl model=tiny_vllm  # the rows a CPU can run (~20 min, 2 cores)
     agentrl doctor --check runs/doctor                # the table again from a doctor's folder
+    bash examples/check_gpu.sh qwen_7b                # the same with this node's preset and GPUs
 
 It runs verl's own trainer three times, briefly, with the overrides given (the hardware and
 model of the job to come), each a child ``agentrl train`` in a session of its own, into

@@ -275,3 +275,44 @@ def test_packed_and_padded_masked_logprobs_agree_and_fail_when_rows_attend_acros
     crossed = doctor.compare_remove_padding(model, batch, temperature=1.0)
     row = doctor.logprobs_row(crossed)
     assert row.status == FAIL and "the layouts disagree" in row.detail
+
+
+# -- examples/check_gpu.sh -------------------------------------------------------------------------
+FAKE_NVIDIA_SMI = """#!/usr/bin/env bash
+case "$*" in
+  -L) for i in 0 1 2 3; do echo "GPU $i: NVIDIA H100 80GB HBM3 (UUID: GPU-$i)"; done ;;
+  *query-gpu=name*) echo "NVIDIA H100 80GB HBM3" ;;
+  *query-gpu=memory.total*) echo 81559 ;;
+  *) exit 1 ;;
+esac
+"""
+
+
+@pytest.mark.parametrize("gpu", [False, True])
+def test_the_script_runs_the_doctor_on_this_nodes_preset(tmp_path, gpu):
+    """What examples/check_gpu.sh hands `agentrl doctor`: the preset of the node's GPU (a fake
+    nvidia-smi of 4 H100s), its memory and GPU count, the model, the caller's overrides last;
+    without a GPU, the CPU rows' preset."""
+    import os
+    import subprocess
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "python").write_text('#!/usr/bin/env bash\necho "$@"\n')
+    if gpu:
+        (bin_dir / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
+    for tool in bin_dir.iterdir():
+        tool.chmod(0o755)
+    root = Path(__file__).resolve().parents[2]
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin", "OUT": str(tmp_path / "d")}
+    done = subprocess.run(["bash", "examples/check_gpu.sh", "qwen_3b", "verl.nnodes=1"],
+                          cwd=root, env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    args = done.stdout.split()
+    assert args[:5] == ["-m", "agentrl.cli", "doctor", "--out", str(tmp_path / "d")]
+    expected = (["hardware=h100", "model=qwen_3b", "hardware.gpu_memory_gb=85.5",
+                 "verl.n_gpus_per_node=4"] if gpu else ["hardware=cpu-verl", "model=qwen_3b"])
+    assert args[5:] == [*expected, "verl.nnodes=1"]
+    help_text = subprocess.run(["bash", "examples/check_gpu.sh", "--help"], cwd=root,
+                               capture_output=True, text=True, timeout=60).stdout
+    assert "at most 10 minutes" in help_text
