@@ -87,6 +87,8 @@ CASES = [
     ("report {run_ok} --no-play-references --reference {other_preset}", "--reference"),
     ("report {presets_list} --out {a_file}/x/r.html", "--out"),
     ("report {presets_list} --screenshot {empty}", "--screenshot"),
+    *([("report {run_ok} --no-play-references --screenshot {empty}/shot.png", "Chromium")]
+      if __import__("agentrl.report.browser", fromlist=["x"]).chromium() is None else []),
     # agentrl train / sft / make-data (config)
     ("train --print-config agents_file={bad_yaml}", "agents_file"),
     ("train --print-config agents_file={missing}", "agents_file"),
