@@ -512,7 +512,10 @@ def run_stage(stage: Stage, user_overrides: Sequence[str], out: Path, python: st
         try:
             child_run.finish(child_run.start(command, log, env=env), log, STAGE_TIMEOUT_S)
         except child_run.ChildRunError as failed:
-            error = str(failed).splitlines()[0]
+            why = str(failed).splitlines()[0].split("; its last lines:")[0]
+            lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
+                     if line.strip()]
+            error = f"{why}: {lines[-1][:300]}" if lines else why
     minutes = (time.monotonic() - started) / 60
     status = {"minutes": round(minutes, 2), "gpu_peak_gb": peak.gb, "error": error,
               "command": command}
@@ -589,8 +592,9 @@ def remove_padding_check(out: Path, config: Any, rerun: bool
         return None, f"no batch from the constrained run ({batch})"
     result = _read_json(out / "logprobs.json")
     if not result or rerun:
-        try:
-            result = run_remove_padding_check(batch, model_path(config), 1.0)
+        try:  # verl's actor divides by the rollout's temperature
+            result = run_remove_padding_check(batch, model_path(config),
+                                              float(config.rollout.temperature) or 1.0)
         except Exception as error:  # noqa: BLE001 -- the row says what failed
             result = {"error": f"{type(error).__name__}: {error}"}
         (out / "logprobs.json").write_text(json.dumps(result, indent=1))
