@@ -78,7 +78,7 @@ from agentrl.trainers.tracking import METRICS_FILE
 from agentrl.verl import constrained, preflight, restart
 from agentrl.verl.cluster import check_cluster
 from agentrl.verl.data import write_tasks
-from agentrl.verl.metrics import ingest_verl_log
+from agentrl.verl.metrics import ingest_verl_log, verl_log_path
 from agentrl.verl.overrides import (
     hydra_value,
     launch_env,
@@ -217,6 +217,7 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     print(f"starting verl: {shlex.join(command[:3])} ... ({len(overrides)} overrides)", flush=True)
     command, env = _same_wandb_run(config, command, env)
     ingest_verl_log(config.run_dir)  # what a killed launch's verl logged last (verl empties it)
+    verl_log_path(config.run_dir).parent.mkdir(parents=True, exist_ok=True)  # verl's file logger
     returncode = subprocess.run(command, env=env, check=False,
                                 preexec_fn=restart.die_with_parent).returncode
     ingest_verl_log(config.run_dir)  # verl's last step: logged after our last batch

@@ -18,6 +18,7 @@ from omegaconf import OmegaConf
 
 from agentrl import cli
 from agentrl.config import compose_config
+from agentrl.trainers.tracking import read_metrics
 from agentrl.verl import constrained, launch
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -208,12 +209,25 @@ def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch,
                                                        embedded_prompt_tokenizer):
     calls = []
 
+    verl_log = tmp_path / "verl" / "tracking.jsonl"  # verl's file logger's
+
+    def verl_line(step: int) -> str:
+        return json.dumps({"step": step, "data": {"training/global_step": step,
+                                                  "actor/pg_loss": step / 10}}) + "\n"
+
     def verl_run(command, env, check, **kwargs):
         calls.append((command, env))
+        # what a killed launch's verl logged last is in, before verl empties its log
+        assert [r.get("actor/pg_loss") for r in read_metrics(tmp_path / "metrics.jsonl")] == [0.0]
+        assert not verl_log.exists() and verl_log.parent.is_dir()
         records = [{"step": s, "time": 0, "train/p/success": s / 2} for s in (1, 2)]
-        (tmp_path / "metrics.jsonl").write_text("".join(f"{json.dumps(r)}\n" for r in records))
+        with (tmp_path / "metrics.jsonl").open("a") as file:
+            file.write("".join(f"{json.dumps(r)}\n" for r in records))
+        verl_log.write_text(verl_line(1) + verl_line(2))  # step 2: logged after our last batch
         return subprocess.CompletedProcess(command, 3)  # what our manager writes, then an error
 
+    verl_log.parent.mkdir(parents=True)
+    verl_log.write_text(verl_line(0))
     monkeypatch.setattr(launch.subprocess, "run", verl_run)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     config = compose_config(["hardware=l40", "model=qwen_halfb", f"run_dir={tmp_path}",
@@ -231,6 +245,9 @@ def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch,
     assert pq.read_metadata(train).num_rows == 2 * 4 and pq.read_metadata(val).num_rows == 2
     assert yaml.safe_load((tmp_path / "config.yaml").read_text())["hardware"]["name"] == "l40"
     assert (tmp_path / "learning_curves.png").stat().st_size > 0  # drawn from our metrics
+    assert env["VERL_FILE_LOGGER_PATH"] == str(verl_log) and not verl_log.exists()
+    assert [(r["step"], "actor/pg_loss" in r) for r in read_metrics(tmp_path / "metrics.jsonl")
+            ] == [(0, True), (1, False), (1, True), (2, False), (2, True)]  # each once, in order
 
 
 # -- config errors of the verl section -------------------------------------------------------------
