@@ -44,12 +44,13 @@ def _page_data(html: str) -> dict:
     return json.loads(found.group(1).replace("<\\/", "</"))
 
 
-@pytest.mark.parametrize("which", ["sft folder", "run folder"])
+@pytest.mark.parametrize("which", ["sft folder", "run folder", "summary"])
 def test_the_report_of_an_sft_output_shows_the_warm_start(tmp_path, capsys, which):
     folder = _sft_folder(tmp_path / "run")
-    source = folder if which == "sft folder" else folder.parent
+    source = {"sft folder": folder, "run folder": folder.parent,
+              "summary": folder / "sft_summary.json"}[which]
     assert cli.main(["report", str(source), "--no-play-references"]) == 0
-    page = source / "report.html"
+    page = (folder.parent if which == "run folder" else folder) / "report.html"
     assert f"wrote {page}" in capsys.readouterr().out
     data = _page_data(page.read_text())
     assert data["title"].startswith("agentrl sft")

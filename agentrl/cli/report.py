@@ -55,6 +55,8 @@ def run(args: argparse.Namespace, out=None) -> int:
     from agentrl.report.data import read_eval_file
 
     out = out or sys.stdout
+    if Path(args.source).name == SUMMARY_FILE and Path(args.source).is_file():
+        args.source = str(Path(args.source).parent)  # agentrl sft's summary: its folder's page
     for reference in args.reference:  # checked before references are played
         read_eval_file(reference, "--reference")
     if args.out is not None:

@@ -317,6 +317,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="the local engine, vLLM's CPU build, or both (module docstring)")
     parser.add_argument("--out", default="bench_results/generate.json")
     args = parser.parse_args(argv)
+    folder = model_path(args.model)  # a path that holds no model fails here, naming --model
     stated = decoding(args)
     if args.engine != "local" and (args.constrained or args.device != "cpu"):
         parser.error("--engine vllm/both measures free decoding on the CPU: drop --constrained "
@@ -326,7 +327,7 @@ def main(argv: list[str] | None = None) -> None:
 
     print(f"decoding: {stated}", flush=True)
     start = time.perf_counter()
-    model, tokenizer = load_model(model_path(args.model), device=args.device, dtype=args.dtype)
+    model, tokenizer = load_model(folder, device=args.device, dtype=args.dtype)
     load_seconds = time.perf_counter() - start
     llm = BatchingLLM(model, tokenizer, seed=0, eos_token_ids=())
     prompts = make_prompts(tokenizer, args.prompts)
