@@ -9,8 +9,9 @@ then the run has begun (its folder written, the model loaded, a validation under
 message names no key. Here a prompt that does not fit stops the command first, naming the key,
 the value and what is allowed. The prompts measured are those of the first ``SEEDS_MEASURED``
 games of each preset the run plays (its first training step's and its held-out games): a board's
-text varies little between games, and the episode's own check still guards the others. The
-verl backend measures every row when it writes its task files (:class:`agentrl.verl.data.
+text varies little between games (a preset's boards have one size), a reset can take a second
+(Sokoban's rooms are generated), and the episode's own check still guards the others. The verl
+backend measures every row when it writes its task files (:class:`agentrl.verl.data.
 PromptLimits`).
 """
 
@@ -21,7 +22,7 @@ from typing import Any
 
 __all__ = ["SEEDS_MEASURED", "check_first_prompts"]
 
-SEEDS_MEASURED = 4
+SEEDS_MEASURED = 1
 """Games measured per preset and split."""
 
 
