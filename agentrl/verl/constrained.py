@@ -240,9 +240,15 @@ def response_logit_rows(sequence_ends: Sequence[int], response_lengths: Sequence
 def mask_logits_(logits: torch.Tensor, first_rows: Sequence[int],
                  rows: Sequence[RowMasks | None]) -> torch.Tensor:
     """``logits`` ``(positions, vocab)`` with each constrained response token's excluded ids at
-    :data:`MASK_FILL`, in place (autograd sees an index_put); ``first_rows[i]``: the logits
-    row predicting row ``i``'s first response token (:func:`response_logit_rows`). One
-    gather and one index_put per distinct mask: no ``(positions, vocab)`` boolean is built."""
+    :data:`MASK_FILL`, in place (autograd sees one index_put); ``first_rows[i]``: the logits
+    row predicting row ``i``'s first response token (:func:`response_logit_rows`).
+
+    One gather of the constrained positions' rows and one write back, whatever the number of
+    distinct masks: every write into the logits in place costs the backward pass a copy of the
+    whole logits' gradient, so one write per distinct mask made the update grow with the masks
+    of a micro-batch. The exclusions are a boolean of the constrained positions only
+    (``(constrained tokens, vocab)``, a quarter of their fp32 rows' gather), built from each
+    distinct mask once."""
     vocab = logits.shape[-1]
     groups: dict[tuple[bool, tuple[int, ...]], list[int]] = {}
     for first, row in zip(first_rows, rows):
@@ -251,11 +257,17 @@ def mask_logits_(logits: torch.Tensor, first_rows: Sequence[int],
         for column, k in enumerate(row.index):
             if k >= 0:
                 groups.setdefault((row.allow[k], row.ids[k]), []).append(first + column)
-    for (allow, ids), positions in groups.items():
+    if not groups:
+        return logits
+    positions = [position for group in groups.values() for position in group]
+    excluded = torch.empty(len(positions), vocab, dtype=torch.bool, device=logits.device)
+    start = 0
+    for (allow, ids), group in groups.items():
         listed = torch.zeros(vocab, dtype=torch.bool, device=logits.device)
         listed[torch.tensor([t for t in ids if 0 <= t < vocab], dtype=torch.long,
                             device=logits.device)] = True
-        excluded = ~listed if allow else listed
-        where = torch.tensor(positions, dtype=torch.long, device=logits.device)
-        logits[where] = logits[where].masked_fill(excluded, MASK_FILL)
+        excluded[start:start + len(group)] = ~listed if allow else listed
+        start += len(group)
+    where = torch.tensor(positions, dtype=torch.long, device=logits.device)
+    logits[where] = logits[where].masked_fill(excluded, MASK_FILL)
     return logits
