@@ -4,6 +4,11 @@
   episode with :func:`agentrl.rollout.run_episode`, verl's server manager as its ``llm``
   (:mod:`~agentrl.verl.server_llm`); :mod:`~agentrl.verl.episode_task` reads a row's task and
   counts its response budget.
+- :mod:`agentrl.verl.metrics`, :mod:`agentrl.verl.episodes`: the folder every run leaves
+  (``metrics.jsonl`` with our ``train/<preset>/…``, ``val/<preset>/…`` and verl's own metrics,
+  ``episodes/step_N.jsonl``), written by the legacy trainer's AgentLoop manager and by the V1
+  trainer's replay buffer (:mod:`~agentrl.verl.agent_loop_v1`), so ``agentrl report`` reads a
+  verl run like a local one.
 - :mod:`agentrl.verl.data`: the task files, one parquet row per game (preset, seed, split).
 - :mod:`agentrl.verl.launch`: our config -> verl's ``ppo_trainer`` config, ``--dry-run``,
   and verl's own ``main_ppo``; :mod:`~agentrl.verl.overrides` maps our keys onto verl's
