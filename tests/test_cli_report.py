@@ -72,3 +72,13 @@ def test_the_report_of_an_sft_output_plays_the_reference_lines(tmp_path, capsys)
     data = _page_data((folder / "report.html").read_text())
     assert set(data["references"]["banditAgent"]) == {"random", "oracle"}
     assert data["table"][0]["oracle"] == 1.0
+
+
+def test_a_summary_with_every_updates_loss_draws_the_whole_curve(tmp_path):
+    folder = _sft_folder(tmp_path / "run")
+    summary = json.loads((folder / "sft_summary.json").read_text())
+    summary["losses"] = [2.5, 1.5, 1.0, 0.75]
+    (folder / "sft_summary.json").write_text(json.dumps(summary))
+    assert cli.main(["report", str(folder), "--no-play-references"]) == 0
+    data = _page_data((folder / "report.html").read_text())
+    assert data["series"]["sft/loss"] == [[1, 2.5], [2, 1.5], [3, 1.0], [4, 0.75]]

@@ -6,10 +6,10 @@ and after (with random and oracle lines), its loss, the numbers of its summary a
 
 `agentrl sft` writes ``sft_summary.json`` beside its checkpoints
 (:class:`agentrl.trainers.sft.SFTResult`): the held-out evaluations before the first update and
-after the last, and the first and last update's loss. The page draws those as two-point curves
-over SFT updates, on the charts a training run's page draws (:func:`agentrl.report.data.charts`),
-and the per-preset table holds the evaluation after SFT. The summary keeps no loss per update and
-no episodes, so the page shows none.
+after the last, and the first and last update's loss (every update's, where it keeps a
+``losses`` list). The page draws those as curves over SFT updates, on the charts a training
+run's page draws (:func:`agentrl.report.data.charts`), and the per-preset table holds the
+evaluation after SFT. The summary keeps no episodes, so the page shows none.
 """
 
 from __future__ import annotations
@@ -61,9 +61,14 @@ def sft_data(folder: Path, *, reference_files: Iterable[str | Path] = (),
             points = [point for point in points if point[1] is not None]
             if points:
                 series[f"val/{preset}/{suffix}"] = points
-    losses = [[1, summary.get("first_loss")], [updates, summary.get("last_loss")]]
-    losses = [[step, rounded(loss)] for step, loss in losses[:1 if updates == 1 else 2]
-              if loss is not None]
+    every = summary.get("losses")  # each update's loss, where the summary keeps them
+    if isinstance(every, list) and every:
+        losses = list(enumerate(every, 1))
+    else:
+        losses = [(1, summary.get("first_loss")), (updates, summary.get("last_loss"))]
+        losses = losses[:1 if updates == 1 else 2]
+    losses = [[step, rounded(loss)] for step, loss in losses
+              if isinstance(loss, (int, float)) and not isinstance(loss, bool)]
     if losses:
         series["sft/loss"] = losses
     references = read_references(reference_files)
@@ -88,7 +93,8 @@ def sft_data(folder: Path, *, reference_files: Iterable[str | Path] = (),
              ("demonstrations", str(summary.get("demonstrations"))),
              ("reply tokens per epoch", str(summary.get("tokens_per_epoch"))),
              ("updates", str(summary.get("updates"))),
-             ("loss first -> last", " -> ".join(f"{loss:.3f}" for _, loss in losses)),
+             ("loss first -> last", " -> ".join(f"{loss:.3f}" for _, loss in (
+                losses[:1] + losses[1:][-1:]))),
              ("held-out success before -> after", "; ".join(
                  f"{preset} {_percent(before, preset)} -> {_percent(after, preset)}"
                  for preset in presets))]
