@@ -91,7 +91,7 @@ class SftResult:
     after: EvalResult | None = None
 
     def summary(self) -> dict[str, Any]:
-        """JSON-able: counts, timings, losses by epoch edge, per-preset evaluations."""
+        """JSON-able: counts, timings, the loss of every update, per-preset evaluations."""
         return {
             "checkpoint": str(self.checkpoint),
             "demonstrations": self.demonstrations,
@@ -100,6 +100,7 @@ class SftResult:
             "seconds": self.seconds,
             "first_loss": self.losses[0] if self.losses else None,
             "last_loss": self.losses[-1] if self.losses else None,
+            "losses": list(self.losses),  # one per update: the report draws the curve
             "before": self.before.to_dict() if self.before else None,
             "after": self.after.to_dict() if self.after else None,
         }

@@ -8,6 +8,8 @@ off-by-one between logits and labels would) and the greedy replies no longer mat
 
 from __future__ import annotations
 
+import json
+
 import asyncio
 import os
 
@@ -212,7 +214,9 @@ def test_checkpoint_is_a_plain_model_that_train_and_eval_start_from(tmp_path):
         trainer.close()
     assert result.updates == 2 and result.checkpoint.parent.name == "checkpoints"
     assert result.before.presets == result.after.presets == ["replay"]
-    assert (result.checkpoint.parent.parent / sft.SUMMARY_FILE).exists()
+    summary = json.loads((result.checkpoint.parent.parent / sft.SUMMARY_FILE).read_text())
+    assert len(summary["losses"]) == result.updates  # the report draws one point an update
+    assert summary["losses"][-1] == summary["last_loss"]
     train_config = compose_config(["model=tiny", f"model.name={result.checkpoint}"])
     loaded, _ = load_model(train_config.model.name)
     assert not any("lora" in name for name, _ in loaded.named_parameters())
