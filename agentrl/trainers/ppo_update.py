@@ -49,7 +49,8 @@ from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.update_loop import KL_TERM, UpdateShape, run_epochs
 from agentrl.trainers.value_fit import RidgeValueFit
 
-__all__ = ["PPOUpdate", "explained_variance"]
+__all__ = ["PPOUpdate", "explained_variance", "pooled_explained_variance",
+           "value_error_moments"]
 
 log = logging.getLogger("agentrl.train")
 
@@ -63,6 +64,36 @@ def explained_variance(returns: torch.Tensor, values: torch.Tensor, mask: torch.
     if target.numel() < 2 or float(target.var()) < 1e-8:  # equal returns: nothing to explain
         return float("nan")
     return float(1.0 - (target - predicted).var() / (target.var() + 1e-5))
+
+
+def value_error_moments(returns: torch.Tensor, values: torch.Tensor, mask: torch.Tensor
+                        ) -> dict[str, float]:
+    """The step's squared value error, the returns' variance and the token count (model
+    tokens): a run's explained variance pooled over steps is ``1 - sum(n * mse) / sum(n *
+    (var + (mean - pooled mean)^2))``, which a batch of all-equal returns does not swamp the way
+    it swamps that step's own ratio (:func:`pooled_explained_variance`)."""
+    chosen = mask.bool()
+    target, predicted = returns[chosen].double(), values[chosen].double()
+    return {"critic/value_mse": float(((target - predicted) ** 2).mean()),
+            "critic/returns_var": float(target.var(unbiased=False)),
+            "critic/tokens": float(target.numel())}
+
+
+def pooled_explained_variance(records: list[dict[str, float]]) -> float | None:
+    """``1 - (squared value error) / (returns' variance)`` over every model token of the steps
+    in ``records`` (their ``critic/returns_mean``, ``critic/returns_var``, ``critic/value_mse``
+    and ``critic/tokens``), errors measured before each step's update; None without them."""
+    rows = [r for r in records if all(r.get(k) is not None for k in (
+        "critic/returns_mean", "critic/returns_var", "critic/value_mse", "critic/tokens"))]
+    total = sum(r["critic/tokens"] for r in rows)
+    if not total:
+        return None
+    mean = sum(r["critic/tokens"] * r["critic/returns_mean"] for r in rows) / total
+    variance = sum(r["critic/tokens"] * (r["critic/returns_var"]
+                                         + (r["critic/returns_mean"] - mean) ** 2)
+                   for r in rows) / total
+    error = sum(r["critic/tokens"] * r["critic/value_mse"] for r in rows) / total
+    return 1.0 - error / variance if variance > 0 else None
 
 
 class PPOUpdate:
@@ -151,6 +182,7 @@ class PPOUpdate:
         metrics["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
         if scored.get("values") is not None:
             metrics["critic/vf_explained_var"] = explained_variance(returns, scored["values"], mask)
+            metrics.update(value_error_moments(returns, scored["values"], mask))
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
         if self.value_fit is not None:
             with timer("critic"):

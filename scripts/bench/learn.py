@@ -109,6 +109,7 @@ from agentrl.trainers.checkpoint import CHECKPOINTS_DIR, latest_checkpoint
 from agentrl.trainers.device import resolve_device
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.sft import SFTTrainer
+from agentrl.trainers.ppo_update import pooled_explained_variance
 from agentrl.trainers.tracking import read_metrics
 
 BANDIT = "first-token-bandit"
@@ -648,6 +649,8 @@ def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
         folder = configs.args.run_dir / ppo_folder / f"seed_{seed}"
         run["health"] = health(folder)
         run["explained_variance_steps_5_20"] = health(folder, (5, 20))[HEALTH[0]]
+        run["explained_variance_pooled_steps_5_20"] = pooled_explained_variance(
+            [r for r in read_metrics(folder / "metrics.jsonl") if 5 <= r.get("step", 0) <= 20])
     return run
 
 
@@ -675,8 +678,8 @@ def summarize(name: str, runs: list[dict[str, Any]]) -> dict[str, Any]:
         "wall_minutes": statistics.fmean(r["wall_minutes"] for r in runs),
         "steps": statistics.fmean(steps) if steps else None,
         **({"health": {key: mean_of(r["health"][key] for r in runs) for key in HEALTH},
-            "explained_variance_steps_5_20": mean_of(r["explained_variance_steps_5_20"]
-                                                     for r in runs)}
+            **{key: mean_of(r.get(key) for r in runs) for key in (
+                "explained_variance_steps_5_20", "explained_variance_pooled_steps_5_20")}}
            if all("health" in r for r in runs) else {}),
     }
 

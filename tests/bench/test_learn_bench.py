@@ -33,7 +33,8 @@ def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsy
     result = json.loads((tmp_path / "learn.json").read_text())
     assert [row["recipe"] for row in result["summary"]] == ["untrained", "sft_ppo"]
     for row in result["summary"]:
-        ppo = {"health", "explained_variance_steps_5_20"} if row["recipe"] == "sft_ppo" else set()
+        ppo = ({"health", "explained_variance_steps_5_20", "explained_variance_pooled_steps_5_20"}
+               if row["recipe"] == "sft_ppo" else set())
         assert set(row) == SUMMARY_KEYS | ppo and row["runs"] == 1
         assert 0 <= row["after_min"] <= row["after_mean"] <= row["after_max"] <= 1
     health = result["summary"][1]["health"]  # the PPO run's health, from its metrics.jsonl

@@ -19,7 +19,8 @@ import torch
 
 from agentrl.config import compose_config
 from agentrl.trainers.policy import FeatureStandardizer, ValueModel, value_head
-from agentrl.trainers.ppo_update import PPOUpdate, explained_variance
+from agentrl.trainers.ppo_update import (PPOUpdate, explained_variance,
+                                         pooled_explained_variance, value_error_moments)
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.value_fit import RidgeValueFit
 
@@ -178,6 +179,26 @@ def test_the_window_forgets_the_oldest_step():
         fit.add(*memorable_games(2, g))
     assert len(fit.steps) == 2
     assert fit.refit(value_head(HIDDEN, standardize=True)).rows == 2 * 2 * WIDTH
+
+
+def test_explained_variance_pooled_over_steps_is_that_of_all_their_tokens():
+    """A run's pooled explained variance from each step's logged moments equals the ratio over
+    every token of those steps at once, and a step of near-equal returns, whose own ratio is
+    hugely negative, weighs in by its share of the variance only."""
+    g = torch.Generator().manual_seed(0)
+    steps = [(torch.randn(4, 6, generator=g) * 2 + 1, torch.randn(4, 6, generator=g)),
+             (torch.full((4, 6), 3.0) + 0.01 * torch.randn(4, 6, generator=g),
+              3.0 + 0.5 * torch.randn(4, 6, generator=g))]
+    mask = torch.ones(4, 6)
+    mask[0, 4:] = 0
+    records = [{"critic/returns_mean": float(returns[mask.bool()].mean()),
+                **value_error_moments(returns, values, mask)} for returns, values in steps]
+    returns = torch.cat([r[mask.bool()] for r, _ in steps]).double()
+    values = torch.cat([v[mask.bool()] for _, v in steps]).double()
+    expected = 1 - float(((returns - values) ** 2).mean() / returns.var(unbiased=False))
+    assert pooled_explained_variance(records) == pytest.approx(expected, rel=1e-5)
+    assert explained_variance(*steps[1], mask) < -100  # the near-equal step alone
+    assert pooled_explained_variance([]) is None
 
 
 def test_standardizer_merges_batches_into_the_moments_of_all_of_them():

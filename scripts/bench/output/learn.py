@@ -59,8 +59,8 @@ def show(result: dict[str, Any], with_sft: bool) -> None:
 def health_table(rows: list[dict[str, Any]]) -> Table:
     """The PPO rows' RL health, means over their seeds: what a practitioner reads first."""
     table = Table(title="RL health of the PPO runs (means over PPO steps and seeds)")
-    for column in ("recipe", "explained var.", "explained var. steps 5-20", "clip fraction",
-                   "KL", "entropy / choice"):
+    for column in ("recipe", "explained var.", "explained var. steps 5-20",
+                   "pooled over steps 5-20", "clip fraction", "KL", "entropy / choice"):
         table.add_column(column, justify="left" if column == "recipe" else "right")
 
     def cell(value: float | None, digits: int) -> str:
@@ -70,6 +70,7 @@ def health_table(rows: list[dict[str, Any]]) -> Table:
         h = row["health"]
         table.add_row(escape(row["label"]), cell(h["critic/vf_explained_var"], 3),
                       cell(row.get("explained_variance_steps_5_20"), 3),
+                      cell(row.get("explained_variance_pooled_steps_5_20"), 3),
                       cell(h["actor/pg_clipfrac"], 3), cell(h["actor/ppo_kl"], 4),
                       cell(h["actor/entropy"], 3))
     return table
