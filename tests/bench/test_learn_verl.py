@@ -191,6 +191,8 @@ def test_local_timings_average_the_local_stages_steps_as_verls(bench):
                                                  "timing/rollout_s": 13.0}
 
 
+@pytest.mark.skipif(verl_cpu_python() is None, reason="a cpu-verl dry run needs vLLM's CPU "
+                    "build: bash env_setup.sh --verl-cpu")
 @pytest.mark.slow
 def test_the_commands_pass_verls_config_checks(bench, tmp_path, capsys):
     verl = bench.VERL

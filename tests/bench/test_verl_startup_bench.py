@@ -12,6 +12,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from agentrl import cli
+from agentrl.verl.child_run import verl_cpu_python
 
 
 def test_the_fake_run_dates_each_phase_and_reads_verls_step_metrics(load_script, tmp_path,
@@ -41,6 +42,8 @@ def test_a_phase_is_dated_by_its_first_marker_and_unseen_phases_are_left_out(loa
     assert bench.step_metrics(lines) == {1: {"actor/entropy": 0.5, "timing_s/step": 2.5}}
 
 
+@pytest.mark.skipif(verl_cpu_python() is None, reason="a cpu-verl dry run needs vLLM's CPU "
+                    "build: bash env_setup.sh --verl-cpu")
 @pytest.mark.slow  # verl's config composed and checked once per variant (~5 s each)
 def test_every_variant_passes_verls_config_checks(load_script, tmp_path, capsys):
     bench = load_script("scripts/bench/verl_startup.py")
