@@ -40,6 +40,7 @@ holds per kind.
 
 from __future__ import annotations
 
+import atexit
 import json
 import logging
 import math
@@ -61,8 +62,8 @@ from agentrl.trainers.tracking import (
 )
 
 __all__ = ["CONSTRAINT_VIOLATIONS", "SPLITS", "VERL_LOG_ENV", "EpisodeMetricsLog",
-           "batch_metrics", "episode_outcomes", "ingest_verl_log", "read_verl_log",
-           "record_kind", "verl_log_path", "verl_run_outputs"]
+           "batch_metrics", "episode_outcomes", "finish_wandb_at_exit", "ingest_verl_log",
+           "read_verl_log", "record_kind", "verl_log_path", "verl_run_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -179,6 +180,35 @@ def batch_metrics(outcomes: list[EpisodeOutcome], split: str) -> dict[str, float
     return metrics
 
 
+_FINISH_AT_EXIT: list[bool] = []
+
+
+def finish_wandb_at_exit() -> None:
+    """Finish this process's WandB run when the interpreter exits, before WandB's own teardown.
+
+    Why: verl's ``Tracking`` finishes the run it started only when it is collected (the legacy
+    trainer keeps it in ``fit``'s frame; verl's V1 TaskRunner finishes it itself). Collected
+    after WandB's exit hook has shut WandB's service down, its ``wandb.finish`` fails and a
+    successful run ends on a traceback (``Exception ignored in ... Tracking.__del__``:
+    ``ConnectionResetError: Connection lost``). Exit hooks run newest first, and this one is
+    registered after ``wandb.init`` (the first time our metrics reach the run), so the run is
+    finished while WandB still runs, and verl's late ``wandb.finish`` finds none. A failure to
+    finish is one warning line; a run that fails still ends on its own traceback."""
+    if not _FINISH_AT_EXIT:
+        atexit.register(_finish_wandb)
+        _FINISH_AT_EXIT.append(True)
+
+
+def _finish_wandb() -> None:
+    try:
+        import wandb
+
+        if wandb.run is not None:
+            wandb.run.finish()
+    except Exception as error:  # noqa: BLE001 -- at exit: one line, not a traceback
+        log.warning("WandB's run did not finish cleanly: %s: %s", type(error).__name__, error)
+
+
 def verl_run_outputs(config: Any) -> tuple[Path | None, dict[str, bool]]:
     """Our run folder (the parent of verl's checkpoint folder) and where else a verl run with
     ``config`` (verl's composed config) reports: ``use_wandb`` and ``console``."""
@@ -275,6 +305,7 @@ class EpisodeMetricsLog:
             import wandb
 
             if wandb.run is not None:
+                finish_wandb_at_exit()
                 values = {k: v for k, v in record.items()
                           if k not in ("step", "time") and v is not None}
                 wandb.run.log(values, step=step, commit=False)

@@ -4,7 +4,10 @@ once, WandB fed into verl's step. The manager's end-to-end test is in test_agent
 from __future__ import annotations
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -13,6 +16,8 @@ from omegaconf import OmegaConf
 from agentrl.rollout import EpisodeOutcome
 from agentrl.trainers.tracking import read_metrics
 from agentrl.verl.metrics import EpisodeMetricsLog, batch_metrics, episode_outcomes
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def info(preset: str, seed: int, success: bool, index: int | None, **metrics) -> dict:
@@ -174,3 +179,50 @@ def test_for_verl_follows_verls_file_logger_when_it_is_on(tmp_path, monkeypatch)
     assert EpisodeMetricsLog.for_verl(config).verl_log == tmp_path / "verl" / "tracking.jsonl"
     config.trainer.logger = ["console"]
     assert EpisodeMetricsLog.for_verl(config).verl_log is None
+
+
+TEARDOWN_SCRIPT = """
+import atexit, gc, sys
+held = []
+atexit.register(lambda: (held.clear(), gc.collect()))  # Ray's exit hook: the actor's garbage
+from verl.utils.tracking import Tracking
+from agentrl.verl.metrics import EpisodeMetricsLog
+
+def fit():  # verl's legacy fit: its Tracking lives in the frame, here kept by a cycle
+    tracking = Tracking("p", "e", default_backend=["console", "wandb"], config={"trainer": {}})
+    cycle = [tracking]
+    cycle.append(cycle)
+    held.append(cycle)
+    if sys.argv[1] != "verl":
+        EpisodeMetricsLog(None, use_wandb=True, console=False).log(1, "train", {"train/p/x": 1})
+    tracking.log({"actor/pg_loss": 0.5}, step=1)
+    if sys.argv[1] == "fails":
+        raise RuntimeError("the step failed")
+
+fit()
+"""
+
+
+def test_a_run_whose_tracking_outlives_wandb_ends_without_a_traceback(tmp_path):
+    """verl's Tracking finishes WandB's run only when collected; collected after WandB's own
+    exit hook (as in a Ray actor), its ``wandb.finish`` fails on the closed service: a
+    successful run ends on a traceback. Once our metrics reached the run, it is finished at
+    exit first: no traceback; a failing run still prints its own."""
+    script = tmp_path / "run.py"
+    script.write_text(TEARDOWN_SCRIPT)
+    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+
+    def run(mode: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), mode], capture_output=True,
+                              text=True, env=env, cwd=tmp_path, timeout=300)
+
+    verl_alone = run("verl")
+    assert verl_alone.returncode == 0 and "Tracking.__del__" in verl_alone.stderr  # the defect
+    ours = run("ours")
+    assert ours.returncode == 0, ours.stderr[-3000:]
+    assert "Traceback" not in ours.stderr and "Exception ignored" not in ours.stderr, \
+        ours.stderr[-3000:]
+    failed = run("fails")
+    assert failed.returncode == 1 and "RuntimeError: the step failed" in failed.stderr
+    assert "Exception ignored" not in failed.stderr, failed.stderr[-3000:]
