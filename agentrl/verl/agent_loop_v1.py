@@ -57,6 +57,9 @@ class GameReplayBuffer(ReplayBuffer):
 
     def __init__(self, *args: Any, **kwargs: Any):
         super().__init__(*args, **kwargs)
+        if self.trainer_mode != "sync":  # verl's async modes sample with ReplayBufferAsync
+            raise ValueError(f"trainer.v1.trainer_mode={self.trainer_mode!r} is not allowed with "
+                             f"{type(self).__name__} (our run records); allowed: sync")
         settings = OmegaConf.create({"trainer": OmegaConf.create(self.sampler_kwargs or {})})
         missing = sorted(set(SAMPLER_KWARGS) - set(settings.trainer))
         if missing:

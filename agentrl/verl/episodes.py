@@ -118,8 +118,9 @@ class VerlEpisodeLog:
             self.log.write(int(step), sample)
         if self.use_wandb:
             self._wandb_log(int(step), split, sample)
-        if self.console and split == "val":
-            print("agentrl " + sample_line(sample), flush=True)
+        line = sample_line(sample) if self.console and split == "val" else None
+        if line:  # None when no sampled episode has a reply
+            print("agentrl " + line, flush=True)
         return sample
 
     def _wandb_log(self, step: int, split: str, sample: list[dict[str, Any]]) -> None:
