@@ -21,6 +21,7 @@ import os
 import re
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,14 +42,15 @@ show where the run started from."""
 def train_command(python: str, run_dir: Path, steps: int, model: Path) -> list[str]:
     """The smallest verl run, from the ``model=tiny_vllm`` model folder ``model`` (an SFT
     checkpoint's): one group of 2 bandit episodes a step, a checkpoint every step (the actor's
-    with its Hugging Face model), no validation, replies constrained to well-formed answers."""
+    with its Hugging Face model), no validation, replies constrained to well-formed answers,
+    WandB offline, the learning-curve PNG at the end."""
     return [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
             f"model.name={model}", f"verl.overrides=['{ACTOR_CHECKPOINT}=[{SAVED}]']",
             f"run_dir={run_dir}", f"train.total_steps={steps}", "trainer.save_freq=1",
             "train.presets=[banditAgent]", "val.presets=[banditAgent]",
             "train.group_num=1", "train.group_size=2", "val.test_freq=0",
             "val.before_train=false", "rollout.max_new_tokens=16",
-            "trainer.logger=[console]", "trainer.plot=false",
+            "trainer.logger=[console,wandb]", "trainer.wandb_mode=offline",
             "verl.max_prompt_length=256", "verl.max_response_length=64",
             "rollout.constrained_actions=true"]
 
@@ -60,13 +62,15 @@ rows."""
 
 def v1_windows_command(python: str, run_dir: Path, steps: int) -> list[str]:
     """verl's V1 trainer on a game with context windows, from the base ``model=tiny_vllm``: one
-    group of 2 episodes of 3 BlocksWorld turns a step, replies constrained to legal moves."""
+    group of 2 episodes of 3 BlocksWorld turns a step, replies constrained to legal moves,
+    2 held-out games at the last step, WandB offline, the learning-curve PNG at the end."""
     return [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
             "verl.trainer=v1", f"run_dir={run_dir}", f"train.total_steps={steps}",
             "trainer.save_freq=1", f"train.presets=[{WINDOWED_PRESET}]",
             f"val.presets=[{WINDOWED_PRESET}]", f"agents.{WINDOWED_PRESET}.max_turns=3",
-            "train.group_num=1", "train.group_size=2", "val.test_freq=0",
-            "val.before_train=false", "trainer.logger=[console]", "trainer.plot=false",
+            "train.group_num=1", "train.group_size=2", f"val.test_freq={steps}",
+            "val.group_num=2", "val.before_train=false", "trainer.logger=[console,wandb]",
+            "trainer.wandb_mode=offline",
             "verl.max_prompt_length=1024", "verl.max_response_length=256", "algorithm.lam=1.0",
             "rollout.constrained_actions=true"]
 
@@ -106,6 +110,48 @@ def kill_after_logged_checkpoint(process: subprocess.Popen, run_dir: Path, log: 
             return saved
         time.sleep(0.5)
     raise AssertionError(f"no logged checkpoint to kill after (exit {process.poll()})")
+
+
+RUN_FOLDER_KEYS = ("actor/pg_loss", "critic/vf_loss", "critic/vf_explained_var",
+                   "timing_s/step")
+"""verl's metrics the learning curves and the report draw, under the local engine's names."""
+
+
+def assert_run_folder(run_dir: Path, preset: str, steps: list[int], val_steps: list[int]
+                      ) -> None:
+    """The folder every run leaves, read back through ``agentrl report``: each step once in
+    metrics.jsonl with our per-preset metrics (training, and held-out at ``val_steps``) and
+    verl's own, the episodes of every step, the learning-curve PNG."""
+    from agentrl.report.data import run_data
+
+    report = subprocess.run([sys.executable, "-m", "agentrl.cli", "report", str(run_dir),
+                             "--no-play-references"], capture_output=True, text=True)
+    assert report.returncode == 0, report.stderr[-4000:]
+    assert (run_dir / "report.html").is_file() and (run_dir / "learning_curves.png").is_file()
+    data = run_data(run_dir, play_references=False)
+    series = data["series"]
+
+    def steps_of(key: str) -> list[int]:
+        return [step for step, _ in series.get(key, [])]
+
+    print(f"report series: {sorted(series)}")
+    assert steps_of(f"train/{preset}/success") == steps
+    assert steps_of(f"val/{preset}/success") == val_steps
+    for key in RUN_FOLDER_KEYS:
+        assert steps_of(key) == steps, key
+    assert data["presets"] == [preset]
+    episodes = {int(step): records for step, records in data["episodes"].items()}
+    assert sorted(episodes) == steps
+    splits = {record["split"] for step in val_steps for record in episodes[step]}
+    assert splits == ({"train", "val"} if val_steps else set())
+    assert all(record["preset"] == preset and record["turns"]
+               for records in episodes.values() for record in records)
+
+
+def assert_ends_quietly(output: str) -> None:
+    """A run that succeeded ends without a traceback (verl's WandB teardown included)."""
+    tail = output[output.rfind("step:"):]
+    assert "Traceback" not in tail and "Exception ignored" not in tail, tail[-6000:]
 
 
 def train_records(metrics_file: Path) -> list[dict]:
@@ -164,6 +210,8 @@ def test_verls_trainer_from_its_sft_model_killed_mid_step_resumes_on_cpu(tmp_pat
     for record in train_records(run_dir / "metrics.jsonl"):  # the SFT'd random model, constrained
         assert record["train/banditAgent/format_error"] == 0.0
     assert_started_from(sft, run_dir, first_out)
+    assert_run_folder(run_dir, "banditAgent", [1, 2, 3], val_steps=[])
+    assert_ends_quietly(second_out)
 
 
 def assert_started_from(sft: Path, run_dir: Path, first_out: str) -> None:
@@ -219,3 +267,5 @@ def test_verls_v1_trainer_with_context_windows_killed_mid_step_resumes_on_cpu(tm
         print(f"step rows: {rows:.2f}")
         assert rows > 2.5
     assert (run_dir / "checkpoints" / "global_step_2" / "actor").is_dir()
+    assert_run_folder(run_dir, WINDOWED_PRESET, [1, 2], val_steps=[2])
+    assert_ends_quietly(second_out)
