@@ -226,3 +226,40 @@ def test_a_run_whose_tracking_outlives_wandb_ends_without_a_traceback(tmp_path):
     failed = run("fails")
     assert failed.returncode == 1 and "RuntimeError: the step failed" in failed.stderr
     assert "Exception ignored" not in failed.stderr, failed.stderr[-3000:]
+
+
+def test_agentrl_report_reads_a_verl_run_folder_like_a_local_one(tmp_path):
+    """The folder as a verl run writes it (our records, verl's copied from its file logger,
+    the last step's added by the launch, episodes) gives the report the local engine's
+    curves: per-preset training and held-out success, and the trainer's health panels."""
+    from agentrl.report.data import run_data
+    from agentrl.verl.episodes import VerlEpisodeLog
+    from agentrl.verl.metrics import ingest_verl_log, verl_log_path
+
+    verl_log = verl_log_path(tmp_path)
+    verl_log.parent.mkdir(parents=True)
+    metrics = EpisodeMetricsLog(tmp_path, use_wandb=False, console=False, verl_log=verl_log)
+    episodes = VerlEpisodeLog(tmp_path, 2, use_wandb=False, console=False)
+    turn = {"observation": "o", "reply": "r", "actions": ["a"], "reward": 1.0,
+            "format_error": False, "cut_by_length": False, "dropped_context": False}
+    for step in (1, 2):
+        infos = [info("p", 1, step == 2, 0), info("p", 2, True, 1)]
+        records = [{"split": "", "preset": "p", "seed": seed, "success": True, "return": 1.0,
+                    "num_turns": 1, "turns_left_out": 0, "turns": [turn]} for seed in (1, 2)]
+        for validate in (False, True):
+            meta = {"global_steps": step, "validate": validate}
+            metrics.log_batch(infos, meta, per_row=1)
+            episodes.log_batch(records, infos, meta, per_row=1)
+        with verl_log.open("a") as file:  # verl's log of the step, after our batches
+            file.write(verl_line(step, **{"training/global_step": step, "actor/pg_loss": 0.1,
+                                          "critic/vf_explained_var": 0.2 * step,
+                                          "timing_s/step": 9.0}))
+    ingest_verl_log(tmp_path)  # the launch, once verl has exited
+    data = run_data(tmp_path, play_references=False)
+    series = data["series"]
+    for key in ("train/p/success", "val/p/success", "actor/pg_loss",
+                "critic/vf_explained_var", "timing_s/step"):
+        assert [step for step, _ in series[key]] == [1, 2], key
+    assert series["train/p/success"] == [[1, 0.5], [2, 1]]
+    assert data["presets"] == ["p"] and sorted(data["episodes"]) == ["1", "2"]
+    assert {r["split"] for r in data["episodes"]["2"]} == {"train", "val"}
