@@ -6,7 +6,7 @@
 # estimate, constraint_violations, masked log-probs with use_remove_padding on and off, the
 # critic at cut episodes' last token, V1's rows. Hardware: a node with NVIDIA GPUs after
 # `bash env_setup.sh --gpu`; at most 10 minutes. Without a GPU: the rows a CPU can run, on
-# hardware=cpu-verl model=tiny_vllm (vLLM's CPU build: `bash env_setup.sh --verl-cpu`; ~20 min
+# hardware=cpu-verl model=tiny_vllm (vLLM's CPU build: `bash env_setup.sh --verl-cpu`; ~6 min
 # on 2 cores); the others say SKIP and why.
 #
 #   bash examples/check_gpu.sh                        # this node's GPUs, its preset, qwen_halfb

@@ -2,7 +2,7 @@
 long job: a table of PASS, FAIL and SKIP rows, exit 0 when nothing failed.
 
     agentrl doctor hardware=a100 model=qwen_3b        # a GPU node: <= 10 minutes
-    agentrl doctor hardware=cpu-verl model=tiny_vllm  # the rows a CPU can run (~20 min, 2 cores)
+    agentrl doctor hardware=cpu-verl model=tiny_vllm  # the rows a CPU can run (~6 min, 2 cores)
     agentrl doctor --check runs/doctor                # the table again from a doctor's folder
     bash examples/check_gpu.sh qwen_7b                # the same with this node's preset and GPUs
 
@@ -46,6 +46,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import re
 import shutil
 import subprocess
 import sys
@@ -513,15 +514,21 @@ def run_stage(stage: Stage, user_overrides: Sequence[str], out: Path, python: st
             child_run.finish(child_run.start(command, log, env=env), log, STAGE_TIMEOUT_S)
         except child_run.ChildRunError as failed:
             why = str(failed).splitlines()[0].split("; its last lines:")[0]
-            lines = [line.strip() for line in log.read_text(errors="replace").splitlines()
-                     if line.strip()]
-            error = f"{why}: {lines[-1][:300]}" if lines else why
+            error = f"{why}: {last_error(log.read_text(errors='replace'))}"
     minutes = (time.monotonic() - started) / 60
     status = {"minutes": round(minutes, 2), "gpu_peak_gb": peak.gb, "error": error,
               "command": command}
     (out / f"{stage.name}.json").write_text(json.dumps(status, indent=1))
     print(f"doctor: {stage.name}: {'failed: ' + error if error else 'done'} in "
           f"{minutes:.1f} min", flush=True)
+
+
+def last_error(output: str) -> str:
+    """The last line of ``output`` naming an exception (``ValueError: ...``), else its last
+    line: what a failed run died of."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    named = [line for line in lines if re.match(r"^[\w.]*(Error|Exception)\b", line)]
+    return (named or lines or ["(no output)"])[-1][:300]
 
 
 # -- the command -----------------------------------------------------------------------------------

@@ -316,3 +316,12 @@ def test_the_script_runs_the_doctor_on_this_nodes_preset(tmp_path, gpu):
     help_text = subprocess.run(["bash", "examples/check_gpu.sh", "--help"], cwd=root,
                                capture_output=True, text=True, timeout=60).stdout
     assert "at most 10 minutes" in help_text
+
+
+def test_a_failed_stage_names_the_exception_it_died_of():
+    log = ("step:1 - x:1\nTraceback (most recent call last):\n  File 'a.py'\n"
+           "ray.exceptions.RayTaskError(AttributeError): ray::TaskRunnerV1.run()\n"
+           "AttributeError: 'LinkedList' object has no attribute 'tolist'\n\n"
+           "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+    assert doctor.last_error(log) == "AttributeError: 'LinkedList' object has no attribute 'tolist'"
+    assert doctor.last_error("only this\n") == "only this"
