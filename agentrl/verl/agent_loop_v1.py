@@ -76,8 +76,9 @@ class GameReplayBuffer(ReplayBuffer):
             fields = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id,
                                      select_fields=["extra_fields"])
             validate = partition_id == "val"
+            rows = fields["extra_fields"]  # a list (tensordict's LinkedList) or a NonTensorStack
             log_rows(self.episode_metrics, self.episode_log, batch.keys,
-                     fields["extra_fields"].tolist(),
+                     rows.tolist() if hasattr(rows, "tolist") else list(rows),
                      {"global_steps": global_steps, "validate": validate},
                      per_row=self.per_row["val" if validate else "train"])
         return batch, metrics

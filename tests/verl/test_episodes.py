@@ -113,7 +113,8 @@ def fields(key):
 asked = []
 def kv_batch_get(keys, partition_id, select_fields):
     asked.append((partition_id, select_fields))
-    return {"extra_fields": NonTensorStack(*[fields(key) for key in keys])}
+    rows = [fields(key) for key in keys]  # TransferQueue 0.1.11 gives a list (LinkedList)
+    return {"extra_fields": rows if partition_id == "train" else NonTensorStack(*rows)}
 
 agent_loop_v1.tq.kv_batch_get = kv_batch_get
 batch, metrics = buffer.sample(3, "train", 1)
