@@ -1,7 +1,7 @@
 """`agentrl doctor` (agentrl/cli/doctor.py): each row passes on a healthy record and fails on the
 record of the defect it checks; the table and exit status from a doctor's folder; the stages'
 configs pass verl's own checks on every GPU preset and on the CPU; use_remove_padding's
-comparison through verl's engine fails when packed rows attend to each other. The CPU rows on
+comparison through verl's engine fails when one layout's masks are misplaced. The CPU rows on
 verl's real trainers: tests/verl/test_cpu_trainer.py checks its runs with them."""
 
 from __future__ import annotations
@@ -118,7 +118,8 @@ def test_the_v1_row_needs_the_v1_trainer_and_a_row_per_turn():
 
 
 def test_the_logprob_row_fails_when_the_layouts_disagree():
-    check = {"max_abs_diff": 2e-3, "tokens": 40, "rows": 4, "masked": 4}
+    check = {"max_abs_diff": 2e-3, "max_abs_logprob_diff": 4e-3, "tokens": 40, "rows": 4,
+             "masked": 4}
     assert doctor.logprobs_row(check).status == PASS
     assert doctor.logprobs_row({**check, "max_abs_diff": 0.3}).status == FAIL
     assert doctor.logprobs_row({**check, "max_abs_diff": float("nan")}).status == FAIL
@@ -261,7 +262,10 @@ class Varlen(torch.nn.Module):
 
 
 @pytest.mark.usefixtures("one_torch_thread")
-def test_packed_and_padded_masked_logprobs_agree_and_fail_when_rows_attend_across(tiny):
+def test_packed_and_padded_masked_logprobs_agree_and_fail_on_a_misplaced_mask(tiny,
+                                                                              monkeypatch):
+    from agentrl.verl import masked_engine
+
     model, tokenizer = tiny
     batch = probe_batch(tokenizer)
     check = doctor.compare_remove_padding(Varlen(model), batch, temperature=1.0)
@@ -271,9 +275,15 @@ def test_packed_and_padded_masked_logprobs_agree_and_fail_when_rows_attend_acros
     masked = doctor.masked_logprobs(Varlen(model), batch, False, 1.0)
     free = batch.select(batch_keys=list(doctor.PROBE_COLUMNS), non_tensor_batch_keys=[])
     assert (masked[0, 0] - doctor.masked_logprobs(model, free, False, 1.0)[0, 0]).abs() > 1e-3
-    # sdpa on a CPU does not split packed rows: the second row sees the first
-    crossed = doctor.compare_remove_padding(model, batch, temperature=1.0)
-    row = doctor.logprobs_row(crossed)
+    # packed rows' masks one position late: the engine's packed offsets off verl's slice
+    ends = masked_engine._sequence_ends
+
+    def late_when_packed(micro_batch, logits):
+        found, responses = ends(micro_batch, logits)
+        return ([end + 1 for end in found] if logits.shape[0] == 1 else found), responses
+
+    monkeypatch.setattr(masked_engine, "_sequence_ends", late_when_packed)
+    row = doctor.logprobs_row(doctor.compare_remove_padding(Varlen(model), batch, 1.0))
     assert row.status == FAIL and "the layouts disagree" in row.detail
 
 
