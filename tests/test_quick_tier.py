@@ -18,6 +18,8 @@ REACHED_THROUGH = {
     "agentrl.cli.interrupt": "tests/test_cli_train.py",  # Ctrl-C in a subprocess
     "agentrl.cli.run_settings": "tests/test_cli_eval.py",  # eval of a run as it validated
     "agentrl.cli.make_data": "tests/test_bad_inputs.py",  # `agentrl make-data` refusals
+    "agentrl.cli.first_prompts": "tests/test_bad_inputs.py",  # a budget the first prompt overfills
+    "agentrl.cli.sft_report": "tests/test_cli_report.py",  # `agentrl report` of an sft folder
     "agentrl.cli.play": "tests/test_cli_play.py",
     "agentrl.cli.report": "tests/report/test_report.py",
     "agentrl.cli.sft": "tests/test_bad_inputs.py",

@@ -234,11 +234,20 @@ def test_mini_batches_divide_the_kept_batch(default):
 @pytest.mark.parametrize("key, value", [
     ("actor.clip_ratio_c", 1.0), ("actor.lr", 0.0), ("val.presets", []), ("train.group_num", 0),
     ("rollout.filter_ratio", 0.0), ("rollout.filter_ratio", 1.5), ("train.total_steps", 0),
-    ("experiment", "a/b"), ("rollout.max_new_tokens", 1_000_000), ("resume", "/no/such/dir"),
+    ("experiment", "a/b"), ("resume", "/no/such/dir"),
     ("lora.dropout", 1.0), ("model.chat_template", "chatmll"), ("trainer.keep_last", 0)])
 def test_out_of_range_values_fail(default, key, value):
     with pytest.raises(ValueError, match=rf"^{re.escape(key)}=.* is not allowed.*allowed: "):
         changed(default, key, value)
+
+
+def test_a_reply_limit_past_the_context_budget_names_both_keys(default):
+    """The rule is between two keys, and either may be the one the user changed: both are named,
+    each with what it may be."""
+    with pytest.raises(ValueError, match=r"^rollout\.max_context_tokens=2048 cannot hold a reply "
+                       r"of rollout\.max_new_tokens=1000000 .*allowed: .*rollout\.max_new_tokens "
+                       r"in \[1, 2047\]"):
+        changed(default, "rollout.max_new_tokens", 1_000_000)
 
 
 def test_in_range_values_pass(default):
