@@ -330,3 +330,19 @@ def test_the_readme_says_what_plain_train_and_quick_train_each_train():
         int(defaults["GROUP_NUM"]), int(defaults["GROUP_SIZE"]), int(defaults["VAL_GROUP_NUM"]))
     overrides = re.search(r"DEFAULT_OVERRIDES=\((.*)\)", local).group(1).split()
     assert set(overrides) <= set(shlex.split(line))
+
+
+def test_ctrl_c_during_a_verl_run_says_where_it_stands_and_how_to_resume(tmp_path, monkeypatch,
+                                                                        capsys):
+    """The launch returns 130 once verl has ended (tests/verl/test_launch.py); the command then
+    names the newest intact verl checkpoint (none yet here) and the command that goes on."""
+    from agentrl.cli import train
+    from agentrl.verl import launch
+
+    monkeypatch.setattr(train, "_find_vllm", lambda *args, **kwargs: None)
+    monkeypatch.setattr(launch, "launch", lambda config, dry_run=False: launch.EXIT_INTERRUPTED)
+    overrides = ["hardware=cpu-verl", "model=tiny_vllm", f"run_dir={tmp_path / 'run'}"]
+    assert cli.main(["train", *overrides]) == launch.EXIT_INTERRUPTED
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1] == ("stopped by Ctrl-C during verl's run; no checkpoint saved yet; start "
+                       f"again with: {shlex.join(['agentrl', 'train', *overrides])}")

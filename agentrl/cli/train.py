@@ -43,7 +43,7 @@ import yaml
 import agentrl
 from agentrl.cli.first_prompts import check_first_prompts
 from agentrl.cli.interrupt import (
-    AFTER_STEP, EXIT_INTERRUPTED, fit_or_stop, resume_command, stage_of, stopped_line,
+    AFTER_STEP, EXIT_INTERRUPTED, fit_or_stop, resume_command, say, stage_of, stopped_line,
 )
 from agentrl.config import compose_config
 from agentrl.evaluation.decoding import run_decoding
@@ -93,7 +93,13 @@ def run(args: argparse.Namespace) -> int:
         check_override_types(config.verl.overrides)
         if not args.dry_run or config.device == "cpu":  # a GPU preset's dry run needs no vLLM
             _find_vllm(config, args, rerun=not args.dry_run)
-        return launch(config, dry_run=args.dry_run)
+        status = launch(config, dry_run=args.dry_run)
+        if status == EXIT_INTERRUPTED:  # verl was stopped and its last records taken in
+            from agentrl.verl.restart import newest_intact
+
+            say(stopped_line("verl's run", newest_intact(config.run_dir / "checkpoints"),
+                             resume_command("train", args.overrides)))
+        return status
     from agentrl.trainers.resume import resume_checkpoint
     from agentrl.trainers.local import LocalTrainer
 

@@ -66,6 +66,7 @@ import os
 import shlex
 import subprocess
 import sys
+import time
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -218,8 +219,7 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
     command, env = _same_wandb_run(config, command, env)
     ingest_verl_log(config.run_dir)  # what a killed launch's verl logged last (verl empties it)
     verl_log_path(config.run_dir).parent.mkdir(parents=True, exist_ok=True)  # verl's file logger
-    returncode = subprocess.run(command, env=env, check=False,
-                                preexec_fn=restart.die_with_parent).returncode
+    returncode = run_verl(command, env)
     ingest_verl_log(config.run_dir)  # verl's last step: logged after our last batch
     metrics = config.run_dir / METRICS_FILE  # written by the manager (V1: the replay buffer)
     if config.trainer.plot and metrics.exists():
@@ -229,6 +229,32 @@ def launch(config: TrainConfig, dry_run: bool = False) -> int:
                                     references=references)
         print(f"metrics: {metrics}\nlearning curves: {plot}", flush=True)
     return returncode
+
+
+EXIT_INTERRUPTED = 130
+"""What :func:`run_verl` returns after Ctrl-C (128 + SIGINT, as a shell reports it)."""
+VERL_STOP_S = 60.0
+"""How long Ctrl-C waits for verl, which got the signal too, to end before it is killed."""
+
+
+def run_verl(command: Sequence[str], env: dict[str, str] | None) -> int:
+    """verl's ``main_ppo`` as a child process; its exit status. Ctrl-C reaches verl too (the
+    terminal's process group): this waits up to :data:`VERL_STOP_S` for it to end (a second
+    Ctrl-C does not stop the wait), kills what is left, and returns :data:`EXIT_INTERRUPTED`
+    instead of raising, so the launch still takes in verl's last records and the command
+    says where the run stands (``agentrl.cli.train``)."""
+    process = subprocess.Popen(command, env=env, preexec_fn=restart.die_with_parent)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        deadline = time.monotonic() + VERL_STOP_S
+        while process.poll() is None and time.monotonic() < deadline:
+            with contextlib.suppress(KeyboardInterrupt, subprocess.TimeoutExpired):
+                process.wait(timeout=max(0.0, deadline - time.monotonic()))
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        return EXIT_INTERRUPTED
 
 
 def prepare_restart(config: TrainConfig, verl_config: Any) -> None:

@@ -117,6 +117,13 @@ def _tracked_step(checkpoints: Path) -> int | None:
         return None
 
 
+def newest_intact(checkpoints: Path, roles: Sequence[str] = ("actor",)) -> Path | None:
+    """The newest ``global_step_N`` folder whose ``roles`` are intact (what ``resume=auto``
+    would take), without moving verl's tracker; None when there is none."""
+    return next((folder for _, folder in _step_folders(checkpoints)
+                 if checkpoint_problem(folder, roles) is None), None)
+
+
 def resume_point(checkpoints: Path, resume: str, roles: Sequence[str]) -> Path | None:
     """The checkpoint verl will resume from, made so (see the module docstring): ``resume``
     ``auto`` -> the newest intact ``global_step_N`` (the tracker pointed at it), None without

@@ -8,6 +8,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -525,3 +526,25 @@ def test_verls_actor_workers_find_agentrls_policy_losses():
               f"importlib.import_module({external_lib!r}); "
               "core_algos.get_policy_loss_fn('self_imitation')")
     subprocess.run([sys.executable, "-c", script], check=True, timeout=300)
+
+
+VERL_STAND_IN = ("import signal, time; signal.signal(signal.SIGINT, lambda *a: exit(0)); "
+                 "print('verl running', flush=True); time.sleep(30)")
+"""A child that ends when Ctrl-C reaches it, as verl's main_ppo does."""
+
+
+def test_ctrl_c_during_the_verl_run_ends_it_and_returns_130_without_a_traceback(tmp_path):
+    """Ctrl-C in a terminal reaches the whole process group: verl's child ends, and the launch
+    returns 130 for the command's one stop line (before, ``subprocess.run`` raised
+    ``KeyboardInterrupt``: a traceback, and the process killed by the signal)."""
+    script = tmp_path / "launch_verl.py"
+    script.write_text("import sys\nfrom agentrl.verl.launch import run_verl\n"
+                      f"sys.exit(run_verl([sys.executable, '-c', {VERL_STAND_IN!r}], None))\n")
+    process = subprocess.Popen([sys.executable, str(script)], start_new_session=True,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert process.stdout.readline().strip() == "verl running"
+    os.killpg(process.pid, signal.SIGINT)
+    _, err = process.communicate(timeout=60)
+    assert process.returncode == launch.EXIT_INTERRUPTED
+    assert "Traceback" not in err
+

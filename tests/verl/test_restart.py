@@ -197,3 +197,14 @@ def test_the_launch_repairs_the_tracker_and_continues_the_wandb_run(tmp_path, mo
     assert env["WANDB_RESUME"] == "allow"
     assert launch.worker_env_key("WANDB_RUN_ID") + f"={run_id}" in first
     assert first == again
+
+
+def test_the_newest_intact_checkpoint_is_named_without_moving_the_tracker(tmp_path):
+    """What the stop line after Ctrl-C names: the checkpoint ``resume=auto`` would take."""
+    checkpoints = tmp_path / "checkpoints"
+    assert restart.newest_intact(checkpoints) is None
+    save_step(checkpoints, 1)
+    newest = save_step(checkpoints, 2)
+    cut_short(newest / "actor" / "model_world_size_1_rank_0.pt")
+    assert restart.newest_intact(checkpoints, ROLES) == checkpoints / "global_step_1"
+    assert not tracker(checkpoints).exists()
