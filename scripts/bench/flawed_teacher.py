@@ -30,7 +30,7 @@ one won and the other lost, and the two-sided binomial p of that split under "no
 ``flawed_ppo`` against ``flawed`` (did PPO gain?) and ``flawed`` against ``clean`` (is the flaw
 real?); ``pooled`` adds those counts over seeds. The pass mark (the issue's): the mean's
 ``gap_closed`` >= 0.5. JSON to ``--out`` (``gap_closed`` per seed and on the mean, each game's
-wins, the PPO run's health numbers as scripts/bench/pool.py reports them), the plot beside it.
+wins, the PPO run's health numbers as the learning benchmark reports them), the plot beside it.
 
 Stages resume as the learning benchmark's (``stage.json`` per folder; other settings refused);
 the warm starts are not PPO's budget (uncapped). Checkpoints this process trained are deleted at
@@ -54,8 +54,6 @@ from agentrl.cli.bench import script_module, write_result
 
 LEARN = script_module(Path(__file__).parent / "learn.py")
 """The warm-start and PPO stages, their configs and stage records (scripts/bench/learn.py)."""
-POOL = script_module(Path(__file__).parent / "pool.py")
-"""The PPO run's health numbers (scripts/bench/pool.py)."""
 FLAWED = "sft.flawed_first_move=true"
 MODELS = ("clean", "flawed", "flawed_ppo")
 PASS_MARK = 0.5
@@ -198,7 +196,7 @@ def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
             "warm_start_demonstrations": {"clean": clean["demonstrations"],
                                           "flawed": flawed["demonstrations"]},
             "ppo_steps": ppo["steps"], "ppo_train_minutes": ppo["train_minutes"],
-            "ppo_validation": ppo["after"], "health": POOL.health(ppo_folder),
+            "ppo_validation": ppo["after"], "health": LEARN.health(ppo_folder),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 
