@@ -17,6 +17,20 @@ def pytest_configure(config):
     )
 
 
+VERL_PROCESSES = ("tests/verl/", "tests/bench/test_learn_verl.py",
+                  "tests/bench/test_verl_startup_bench.py")
+"""Tests that start verl, Ray or vLLM's CPU build (a trainer run takes up to ~10 GB)."""
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under xdist (``-n 2 --dist loadgroup``, scripts/test.sh) the :data:`VERL_PROCESSES` tests
+    run one after another on one worker, so two verl runs never share the machine's memory,
+    while the other worker takes the rest; without xdist the mark does nothing."""
+    for item in items:
+        if item.nodeid.startswith(VERL_PROCESSES):
+            item.add_marker(pytest.mark.xdist_group("verl"))
+
+
 @pytest.fixture(scope="session")
 def cache_dir() -> str:
     return os.environ["AGENTRL_CACHE"]
