@@ -184,16 +184,20 @@ _FINISH_AT_EXIT: list[bool] = []
 
 
 def finish_wandb_at_exit() -> None:
-    """Finish this process's WandB run when the interpreter exits, before WandB's own teardown.
+    """Finish this process's WandB run and shut WandB down when the interpreter exits, before
+    WandB's own exit hook, so a successful verl run ends without a traceback.
 
     Why: verl's ``Tracking`` finishes the run it started only when it is collected (the legacy
-    trainer keeps it in ``fit``'s frame; verl's V1 TaskRunner finishes it itself). Collected
-    after WandB's exit hook has shut WandB's service down, its ``wandb.finish`` fails and a
-    successful run ends on a traceback (``Exception ignored in ... Tracking.__del__``:
-    ``ConnectionResetError: Connection lost``). Exit hooks run newest first, and this one is
-    registered after ``wandb.init`` (the first time our metrics reach the run), so the run is
-    finished while WandB still runs, and verl's late ``wandb.finish`` finds none. A failure to
-    finish is one warning line; a run that fails still ends on its own traceback."""
+    trainer keeps it in ``fit``'s frame); collected after WandB's exit hook has shut WandB's
+    service down, its ``wandb.finish`` fails (``Exception ignored in ... Tracking.__del__``:
+    ``ConnectionResetError: Connection lost``). Under V1, where verl's TaskRunner finishes the
+    run itself, WandB's exit hook still tells its service to shut down, and in a Ray actor that
+    service is gone by then: the same error, from ``teardown_atexit``. Exit hooks run newest
+    first, and this one is registered after ``wandb.init`` (the first time our metrics reach
+    the run): it finishes the run while WandB still runs (verl's late ``wandb.finish`` then
+    finds none) and shuts WandB down through ``wandb.teardown``, which takes WandB's own hook
+    off first. What fails here is one warning line; a run that fails still ends on its own
+    traceback."""
     if not _FINISH_AT_EXIT:
         atexit.register(_finish_wandb)
         _FINISH_AT_EXIT.append(True)
@@ -202,11 +206,14 @@ def finish_wandb_at_exit() -> None:
 def _finish_wandb() -> None:
     try:
         import wandb
-
-        if wandb.run is not None:
-            wandb.run.finish()
-    except Exception as error:  # noqa: BLE001 -- at exit: one line, not a traceback
-        log.warning("WandB's run did not finish cleanly: %s: %s", type(error).__name__, error)
+    except ImportError:
+        return
+    for what, step in (("run did not finish", lambda: wandb.run and wandb.run.finish()),
+                       ("service did not shut down", wandb.teardown)):
+        try:
+            step()
+        except (Exception, SystemExit) as error:  # noqa: BLE001 -- at exit: a line, no traceback
+            log.warning("WandB's %s cleanly: %s: %s", what, type(error).__name__, error)
 
 
 def verl_run_outputs(config: Any) -> tuple[Path | None, dict[str, bool]]:

@@ -198,6 +198,10 @@ def fit():  # verl's legacy fit: its Tracking lives in the frame, here kept by a
     tracking.log({"actor/pg_loss": 0.5}, step=1)
     if sys.argv[1] == "fails":
         raise RuntimeError("the step failed")
+    if sys.argv[2] == "v1":  # V1's TaskRunner finishes the run; its Ray actor's exit has
+        tracking.finish()    # ended WandB's service by the time the exit hooks run
+        from wandb.sdk import wandb_setup
+        wandb_setup.singleton()._connection._proc._process.kill()
 
 fit()
 """
@@ -205,24 +209,28 @@ fit()
 
 def test_a_run_whose_tracking_outlives_wandb_ends_without_a_traceback(tmp_path):
     """verl's Tracking finishes WandB's run only when collected; collected after WandB's own
-    exit hook (as in a Ray actor), its ``wandb.finish`` fails on the closed service: a
-    successful run ends on a traceback. Once our metrics reached the run, it is finished at
-    exit first: no traceback; a failing run still prints its own."""
+    exit hook (as in a Ray actor), its ``wandb.finish`` fails on the closed service; under V1
+    (the run finished, the actor's WandB service gone at exit) WandB's own exit hook fails:
+    a successful run ends on a traceback either way. Once our metrics reached the run, it is
+    finished and WandB shut down at exit first: no traceback; a failing run prints its own."""
     script = tmp_path / "run.py"
     script.write_text(TEARDOWN_SCRIPT)
     env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
            "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
 
-    def run(mode: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, str(script), mode], capture_output=True,
+    def run(mode: str, trainer: str = "legacy") -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, str(script), mode, trainer], capture_output=True,
                               text=True, env=env, cwd=tmp_path, timeout=300)
 
-    verl_alone = run("verl")
-    assert verl_alone.returncode == 0 and "Tracking.__del__" in verl_alone.stderr  # the defect
-    ours = run("ours")
-    assert ours.returncode == 0, ours.stderr[-3000:]
-    assert "Traceback" not in ours.stderr and "Exception ignored" not in ours.stderr, \
-        ours.stderr[-3000:]
+    verl_alone = run("verl")  # the defects, legacy and V1
+    assert verl_alone.returncode == 0 and "Tracking.__del__" in verl_alone.stderr
+    verl_alone = run("verl", "v1")
+    assert verl_alone.returncode == 0 and "teardown_atexit" in verl_alone.stderr
+    for trainer in ("legacy", "v1"):
+        ours = run("ours", trainer)
+        assert ours.returncode == 0, ours.stderr[-3000:]
+        assert "Traceback" not in ours.stderr and "Exception ignored" not in ours.stderr, \
+            ours.stderr[-3000:]
     failed = run("fails")
     assert failed.returncode == 1 and "RuntimeError: the step failed" in failed.stderr
     assert "Exception ignored" not in failed.stderr, failed.stderr[-3000:]
