@@ -196,8 +196,8 @@ def finish_wandb_at_exit() -> None:
     first, and this one is registered after ``wandb.init`` (the first time our metrics reach
     the run): it finishes the run while WandB still runs (verl's late ``wandb.finish`` then
     finds none) and shuts WandB down through ``wandb.teardown``, which takes WandB's own hook
-    off first. What fails here is one warning line; a run that fails still ends on its own
-    traceback."""
+    off first (a service already gone is logged at INFO: the run's data was written when it
+    finished). A run that fails still ends on its own traceback."""
     if not _FINISH_AT_EXIT:
         atexit.register(_finish_wandb)
         _FINISH_AT_EXIT.append(True)
@@ -208,12 +208,15 @@ def _finish_wandb() -> None:
         import wandb
     except ImportError:
         return
-    for what, step in (("run did not finish", lambda: wandb.run and wandb.run.finish()),
-                       ("service did not shut down", wandb.teardown)):
-        try:
-            step()
-        except (Exception, SystemExit) as error:  # noqa: BLE001 -- at exit: a line, no traceback
-            log.warning("WandB's %s cleanly: %s: %s", what, type(error).__name__, error)
+    try:
+        if wandb.run is not None:
+            wandb.run.finish()
+    except (Exception, SystemExit) as error:  # noqa: BLE001 -- at exit: a line, no traceback
+        log.warning("WandB's run did not finish cleanly: %s: %s", type(error).__name__, error)
+    try:
+        wandb.teardown()
+    except (Exception, SystemExit) as error:  # noqa: BLE001 -- the run's data is written
+        log.info("WandB's service was gone at exit: %s: %s", type(error).__name__, error)
 
 
 def verl_run_outputs(config: Any) -> tuple[Path | None, dict[str, bool]]:

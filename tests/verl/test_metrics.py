@@ -222,10 +222,8 @@ def test_a_run_whose_tracking_outlives_wandb_ends_without_a_traceback(tmp_path):
         return subprocess.run([sys.executable, str(script), mode, trainer], capture_output=True,
                               text=True, env=env, cwd=tmp_path, timeout=300)
 
-    verl_alone = run("verl")  # the defects, legacy and V1
+    verl_alone = run("verl")  # the defect (V1's, WandB's hook on a gone service, is a race)
     assert verl_alone.returncode == 0 and "Tracking.__del__" in verl_alone.stderr
-    verl_alone = run("verl", "v1")
-    assert verl_alone.returncode == 0 and "teardown_atexit" in verl_alone.stderr
     for trainer in ("legacy", "v1"):
         ours = run("ours", trainer)
         assert ours.returncode == 0, ours.stderr[-3000:]
