@@ -216,7 +216,7 @@ def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch,
         return json.dumps({"step": step, "data": {"training/global_step": step,
                                                   "actor/pg_loss": step / 10}}) + "\n"
 
-    def verl_run(command, env, check, **kwargs):
+    def verl_run(command, env):
         calls.append((command, env))
         # what a killed launch's verl logged last is in, before verl empties its log
         assert [r.get("actor/pg_loss") for r in read_metrics(tmp_path / "metrics.jsonl")] == [0.0]
@@ -225,11 +225,11 @@ def test_launch_writes_tasks_and_config_then_runs_verl(tmp_path, monkeypatch,
         with (tmp_path / "metrics.jsonl").open("a") as file:
             file.write("".join(f"{json.dumps(r)}\n" for r in records))
         verl_log.write_text(verl_line(1) + verl_line(2))  # step 2: logged after our last batch
-        return subprocess.CompletedProcess(command, 3)  # what our manager writes, then an error
+        return 3  # what our manager writes, then an error
 
     verl_log.parent.mkdir(parents=True)
     verl_log.write_text(verl_line(0))
-    monkeypatch.setattr(launch.subprocess, "run", verl_run)
+    monkeypatch.setattr(launch, "run_verl", verl_run)
     monkeypatch.setenv("PYTHONPATH", "/elsewhere")
     config = compose_config(["hardware=l40", "model=qwen_halfb", f"run_dir={tmp_path}",
                              "train.total_steps=2", "val.group_num=2",

@@ -176,12 +176,15 @@ def test_the_launch_repairs_the_tracker_and_continues_the_wandb_run(tmp_path, mo
 
     runs = []
 
-    def verl_run(command, env, check, preexec_fn):
-        runs.append((command, env, preexec_fn,
-                     tracker(tmp_path / "checkpoints").read_text()))
-        return subprocess.CompletedProcess(command, 0)
+    class FakeVerl:  # launch.run_verl's child: it records what it was started with
+        def __init__(self, command, env, preexec_fn):
+            runs.append((command, env, preexec_fn,
+                         tracker(tmp_path / "checkpoints").read_text()))
 
-    monkeypatch.setattr(launch.subprocess, "run", verl_run)
+        def wait(self):
+            return 0
+
+    monkeypatch.setattr(launch.subprocess, "Popen", FakeVerl)
     monkeypatch.delenv("WANDB_RUN_ID", raising=False)
     config = compose_config(["hardware=l40", "model=qwen_halfb", f"run_dir={tmp_path}",
                              "train.total_steps=2", "trainer.wandb_mode=disabled",
