@@ -337,7 +337,7 @@ def render(rows: Sequence[Row]) -> str:
 
 
 # -- use_remove_padding on and off, on one batch ---------------------------------------------------
-def _bare_engine(cls: type) -> Any:
+def bare_engine(cls: type) -> Any:
     """verl's engine class without its model or process group: what its
     ``prepare_model_inputs`` and ``prepare_model_outputs`` read (one rank, no padding to a
     bucket), as the actor's micro-batch passes through them."""
@@ -368,7 +368,7 @@ def masked_logprobs(model: Any, batch: Any, remove_padding: bool, temperature: f
     batch.meta_info["temperature"] = temperature
     data = left_right_2_no_padding(batch.to_tensordict())
     tu.assign_non_tensor(data, use_remove_padding=remove_padding, calculate_entropy=False)
-    engine = _bare_engine(MaskedLMEngine)
+    engine = bare_engine(MaskedLMEngine)
     with torch.no_grad():
         inputs, args = engine.prepare_model_inputs(data)
         logits = model(**inputs).logits.float()

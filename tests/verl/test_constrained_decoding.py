@@ -19,6 +19,7 @@ import torch
 from verl_fakes import ScriptedGame, dataset_batch, legacy_batch, task_row, verl_config
 
 from agentrl.agents import load_agent_presets
+from agentrl.cli.doctor import bare_engine
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.engines.constrained import TokenMask, TokenTexts
@@ -182,20 +183,6 @@ def constrained_batch(tiny, model_dir, tmp_path_factory):
     output.meta_info["temperature"] = TEMPERATURE
     assert sampler.requests >= 4
     return output
-
-
-def bare_engine(cls):
-    """verl's engine class without its model or process group: what prepare_model_inputs
-    and prepare_model_outputs read (no sequence parallelism, no static padding)."""
-    from verl.utils.torch_functional import entropy_from_logits
-
-    engine = object.__new__(cls)
-    engine.pad_to_length, engine.pad_to_length_bucket = False, 0
-    engine.use_ulysses_sp, engine.ulysses_sequence_parallel_size = False, 1
-    engine.compute_entropy_from_logits = entropy_from_logits
-    engine.engine_config = SimpleNamespace(entropy_checkpointing=False,
-                                           entropy_from_logits_with_chunking=False)
-    return engine
 
 
 def engine_logprobs(engine, model, batch, remove_padding: bool):
