@@ -616,10 +616,16 @@ the clip fraction, the KL of the update, the entropy per real choice."""
 def health(run_dir: Path, steps: tuple[int, int | None] = (1, None)) -> dict[str, float | None]:
     """A PPO run's mean :data:`HEALTH` numbers over its steps ``steps[0]..steps[1]`` (inclusive;
     None: to its last) from its ``metrics.jsonl``; None where never logged."""
+    return health_of(read_metrics(run_dir / "metrics.jsonl"), steps)
+
+
+def health_of(records: list[dict[str, Any]], steps: tuple[int, int | None] = (1, None)
+              ) -> dict[str, float | None]:
+    """:func:`health` of records already read."""
     first, last = steps
-    records = [r for r in read_metrics(run_dir / "metrics.jsonl")
-               if r.get("step", 0) >= max(first, 1) and (last is None or r["step"] <= last)]
-    return {key: (statistics.fmean(values) if (values := [r[key] for r in records
+    chosen = [r for r in records
+              if r.get("step", 0) >= max(first, 1) and (last is None or r["step"] <= last)]
+    return {key: (statistics.fmean(values) if (values := [r[key] for r in chosen
                                                             if r.get(key) is not None]) else None)
             for key in HEALTH}
 
@@ -646,11 +652,12 @@ def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
     if recipe.sft and recipe.ppo:
         run["after_sft"] = stages[0]["after"]
     if recipe.ppo:  # the issue's window for the critic: its explained variance on steps 5-20
-        folder = configs.args.run_dir / ppo_folder / f"seed_{seed}"
-        run["health"] = health(folder)
-        run["explained_variance_steps_5_20"] = health(folder, (5, 20))[HEALTH[0]]
+        records = read_metrics(configs.args.run_dir / ppo_folder / f"seed_{seed}"
+                               / "metrics.jsonl")
+        run["health"] = health_of(records)
+        run["explained_variance_steps_5_20"] = health_of(records, (5, 20))[HEALTH[0]]
         run["explained_variance_pooled_steps_5_20"] = pooled_explained_variance(
-            [r for r in read_metrics(folder / "metrics.jsonl") if 5 <= r.get("step", 0) <= 20])
+            [r for r in records if 5 <= r.get("step", 0) <= 20])
     return run
 
 
