@@ -262,18 +262,17 @@ class PPOUpdate:
                                                          prefix=run.prefix("ref"),
                                                          head_mask=micro["response_mask"])[0]
                         parts["ref"].append(pad_responses(ref_logprobs, length))
-                if separate_critic and values and self.value_fit is not None:
-                    with timer("values"), self._precision():  # the refit reads the features
-                        features = self.critic.features(micro, shared_prefix_tokens=share,
-                                                        prefix=run.prefix("critic"))
-                        parts["values"].append(pad_responses(
-                            self.critic.values_from(features), length))
-                        parts["critic_features"].append(pad_responses(features, length))
-                elif separate_critic and values:
+                if separate_critic and values:
                     with timer("values"), self._precision():
-                        parts["values"].append(pad_responses(
-                            self.critic(micro, shared_prefix_tokens=share,
-                                        prefix=run.prefix("critic")), length))
+                        critic_inputs = dict(shared_prefix_tokens=share,
+                                             prefix=run.prefix("critic"))
+                        if self.value_fit is None:
+                            critic_values = self.critic(micro, **critic_inputs)
+                        else:  # the refit reads the features too
+                            features = self.critic.features(micro, **critic_inputs)
+                            critic_values = self.critic.values_from(features)
+                            parts["critic_features"].append(pad_responses(features, length))
+                        parts["values"].append(pad_responses(critic_values, length))
             run.backward()  # frees the run's prefixes (no graph here)
         back = torch.argsort(order)  # batch order again
         return {**scored, **{k: torch.cat(v)[back].cpu() for k, v in parts.items()}}
