@@ -343,10 +343,13 @@ def hydra_value(value: Any) -> str:
 
 # -- the environment of verl's processes ----------------------------------------------------------
 def launch_env(config: TrainConfig, base: Mapping[str, str] | None = None) -> dict[str, str]:
-    """The child's environment: this checkout importable, WandB's mode and folder."""
+    """The child's environment: this checkout importable, WandB's mode, folder and service."""
     from agentrl.trainers.tracking import resolve_wandb_mode
 
     env = dict(os.environ if base is None else base)
+    # the run owns its WandB service: a parent's (any wandb.init there sets WANDB_SERVICE) would
+    # outlive a killed run and keep its run id "in use", refusing the resume
+    env.pop("WANDB_SERVICE", None)
     paths = [str(PROJECT_ROOT), *filter(None, env.get("PYTHONPATH", "").split(os.pathsep))]
     env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
     env["WANDB_MODE"] = resolve_wandb_mode(config.trainer.wandb_mode)

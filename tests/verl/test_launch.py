@@ -548,3 +548,12 @@ def test_ctrl_c_during_the_verl_run_ends_it_and_returns_130_without_a_traceback(
     assert process.returncode == launch.EXIT_INTERRUPTED
     assert "Traceback" not in err
 
+
+
+def test_a_verl_run_starts_its_own_wandb_service():
+    """A parent's WandB service (``WANDB_SERVICE``, set by any ``wandb.init`` in it) would
+    outlive a killed run and keep its run id "in use", refusing the resume: the launch drops it."""
+    base = {"WANDB_SERVICE": "3-5808-unix-/tmp/wandb-5808/socket", "HOME": "/home/user"}
+    env = launch.launch_env(compose_config(GPU), base=base)
+    assert "WANDB_SERVICE" not in env and env["HOME"] == "/home/user"
+    assert base["WANDB_SERVICE"]                     # the caller's mapping is left as it was
