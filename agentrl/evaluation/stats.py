@@ -12,6 +12,13 @@ few games.
 
     >>> rounded(0.123456), rounded(float("nan"))
     (0.1235, None)
+
+Two models on the same games are compared game by game: the games one won and the other lost
+carry the whole difference (McNemar), and the interval of the paired difference is narrower
+than two rates' intervals side by side, since a game hard for one is mostly hard for both.
+
+    >>> mcnemar([True, True, False, True], [False, True, False, False])
+    {'only_a': 2, 'only_b': 0, 'p': 0.5}
 """
 
 from __future__ import annotations
@@ -19,7 +26,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["Z_95", "rounded", "wilson_interval"]
+__all__ = ["Z_95", "binomial_p", "mcnemar", "paired_difference", "rounded", "wilson_interval"]
 
 Z_95 = 1.959963984540054
 """The standard normal quantile of a two-sided 95% interval."""
@@ -47,3 +54,37 @@ def rounded(value: Any) -> float | None:
     if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
         return None
     return float(f"{value:.4g}")
+
+
+def mcnemar(a: list[bool], b: list[bool]) -> dict[str, Any]:
+    """McNemar's exact test of two players on the same games: ``only_a`` (games ``a`` won and
+    ``b`` lost), ``only_b``, and the two-sided p of that split under Binomial(n, 1/2), n the
+    discordant games (1.0 when there are none)."""
+    if len(a) != len(b):
+        raise ValueError(f"paired results need the same games, got {len(a)} and {len(b)}")
+    only_a = sum(x and not y for x, y in zip(a, b))
+    only_b = sum(y and not x for x, y in zip(a, b))
+    return {"only_a": only_a, "only_b": only_b, "p": binomial_p(only_a, only_b)}
+
+
+def binomial_p(only_a: int, only_b: int) -> float:
+    """Two-sided exact p of ``only_a`` against ``only_b`` discordant games under p = 1/2."""
+    n = only_a + only_b
+    if n == 0:
+        return 1.0
+    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2 ** n
+    return min(1.0, 2 * tail)
+
+
+def paired_difference(a: list[bool], b: list[bool], z: float = Z_95
+                      ) -> tuple[float, tuple[float, float]]:
+    """``a``'s success rate minus ``b``'s on the same games, and its normal-approximation
+    interval from the per-game differences (each -1, 0 or +1): ``d +- z sd(d) / sqrt(n)``."""
+    if len(a) != len(b) or not a:
+        raise ValueError(f"paired results need the same games, got {len(a)} and {len(b)}")
+    diffs = [int(x) - int(y) for x, y in zip(a, b)]
+    n = len(diffs)
+    mean = sum(diffs) / n
+    variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
+    half = z * math.sqrt(variance / n)
+    return mean, (mean - half, mean + half)

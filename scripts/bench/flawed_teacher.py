@@ -45,12 +45,12 @@ them over processes sharing ``--run-dir``.
 from __future__ import annotations
 
 import argparse
-import math
 import statistics
 from pathlib import Path
 from typing import Any
 
 from agentrl.cli.bench import script_module, write_result
+from agentrl.evaluation.stats import binomial_p, mcnemar
 
 LEARN = script_module(Path(__file__).parent / "learn.py")
 """The warm-start and PPO stages, their configs and stage records (scripts/bench/learn.py)."""
@@ -103,26 +103,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 
 # -- statistics ----------------------------------------------------------------------------------
-def mcnemar(a: list[bool], b: list[bool]) -> dict[str, Any]:
-    """McNemar's exact test of two players on the same games: ``only_a`` (games ``a`` won and
-    ``b`` lost), ``only_b``, and the two-sided p of that split under Binomial(n, 1/2), n the
-    discordant games (1.0 when there are none)."""
-    if len(a) != len(b):
-        raise ValueError(f"paired results need the same games, got {len(a)} and {len(b)}")
-    only_a = sum(x and not y for x, y in zip(a, b))
-    only_b = sum(y and not x for x, y in zip(a, b))
-    return {"only_a": only_a, "only_b": only_b, "p": binomial_p(only_a, only_b)}
-
-
-def binomial_p(only_a: int, only_b: int) -> float:
-    """Two-sided exact p of ``only_a`` against ``only_b`` discordant games under p = 1/2."""
-    n = only_a + only_b
-    if n == 0:
-        return 1.0
-    tail = sum(math.comb(n, k) for k in range(min(only_a, only_b) + 1)) / 2 ** n
-    return min(1.0, 2 * tail)
-
-
 def gap_closed(clean: float, flawed: float, flawed_ppo: float) -> float | None:
     """``(flawed_ppo - flawed) / (clean - flawed)``: the share of the flaw's cost PPO won back;
     None when the gap is <= 0 (the flaw cost nothing to close)."""
@@ -142,14 +122,6 @@ def stage_configs(args: argparse.Namespace) -> dict[str, Any]:
             "flawed_ppo": configs(**flawed), "paired": configs(run_dir=args.run_dir / "paired")}
 
 
-def held_out_wins(config: Any) -> list[bool]:
-    """Each held-out game's win (in the split's seed order) of ``config.model``, greedy and
-    constrained as PPO's validation and learn.py's evaluation play."""
-    result = LEARN.play_held_out(config, label="paired")
-    won = {t.seed: bool(t.success) for t in result.trajectories}
-    return [won[seed] for seed in result.seeds]
-
-
 def paired_folder(configs: dict[str, Any], name: str, seed: int) -> Path:
     return configs["paired"].args.run_dir / name / f"seed_{seed}"
 
@@ -157,18 +129,9 @@ def paired_folder(configs: dict[str, Any], name: str, seed: int) -> Path:
 def paired_stage(configs: dict[str, Any], name: str, seed: int, trained: dict[str, Any]
                  ) -> dict[str, Any]:
     """The held-out wins of the checkpoint of ``trained`` (a stage record), per game."""
-    paired = configs["paired"]
-    args = paired.args
-    folder = paired_folder(configs, name, seed)
-    settings = paired.settings(model=name, checkpoint=trained["checkpoint"])
-    if (record := LEARN.cached_stage(folder, settings)) is not None:
-        return record
     owner = configs["flawed_ppo" if name == "flawed_ppo" else f"{name}_sft"].args
-    config = paired.build(constrained=True, seed=seed,
-                          model=str(LEARN.located(owner, trained["checkpoint"])))
-    wins = held_out_wins(config)
-    return LEARN.save_stage(folder, settings, {"wins": wins, "success": sum(wins) / len(wins),
-                                               "games": len(wins)})
+    return LEARN.paired_stage(configs["paired"], paired_folder(configs, name, seed), name, seed,
+                              trained["checkpoint"], owner)
 
 
 def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:

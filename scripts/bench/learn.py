@@ -409,6 +409,28 @@ def play_held_out(config: Any, label: str = "model") -> EvalResult:
             max_context_tokens=r.max_context_tokens, label=label))
 
 
+def held_out_wins(config: Any) -> list[bool]:
+    """Each held-out game's win (in the split's seed order) of ``config.model``, greedy and
+    constrained as PPO's validation plays."""
+    result = play_held_out(config, label="paired")
+    won = {t.seed: bool(t.success) for t in result.trajectories}
+    return [won[seed] for seed in result.seeds]
+
+
+def paired_stage(configs: Configs, folder: Path, name: str, seed: int, checkpoint: str,
+                 owner: argparse.Namespace) -> dict[str, Any]:
+    """The held-out wins, game by game, of a stage's ``checkpoint`` (as its record stores it,
+    ``owner`` the arguments of the benchmark that trained it): what paired comparisons of models
+    on the same games (McNemar) read."""
+    settings = configs.settings(model=name, checkpoint=checkpoint)
+    if (record := cached_stage(folder, settings)) is not None:
+        return record
+    config = configs.build(constrained=True, seed=seed, model=str(located(owner, checkpoint)))
+    wins = held_out_wins(config)
+    return save_stage(folder, settings, {"wins": wins, "success": sum(wins) / len(wins),
+                                         "games": len(wins)})
+
+
 def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str, Any]:
     """Oracle demonstrations, SFT to the budget, evaluation, checkpoint (shared by sft_ppo)."""
     args = configs.args
