@@ -40,7 +40,6 @@ from typing import Any
 
 import yaml
 
-import agentrl
 from agentrl.cli.first_prompts import check_first_prompts
 from agentrl.cli.interrupt import (
     AFTER_STEP, EXIT_INTERRUPTED, fit_or_stop, resume_command, say, stage_of, stopped_line,
@@ -48,7 +47,6 @@ from agentrl.cli.interrupt import (
 from agentrl.config import compose_config
 from agentrl.evaluation.decoding import run_decoding
 
-VERL_CPU_VENV = ".venv-verl-cpu"
 REEXEC_ENV = "AGENTRL_REEXECUTED"
 
 
@@ -197,7 +195,9 @@ def _find_vllm(config: Any, args: argparse.Namespace, rerun: bool = True) -> Non
         raise ValueError(f"backend=verl needs vLLM, which {sys.executable} lacks; allowed: "
                          "install the GPU stack (bash env_setup.sh --gpu), or hardware=cpu "
                          "(the local engine)")
-    python = verl_cpu_python()
+    from agentrl.verl.child_run import VERL_CPU_VENV, verl_cpu_venv_python
+
+    python = verl_cpu_venv_python()
     if python is not None and not rerun:
         print(f"vLLM's CPU build is in {python.parent.parent}: the run re-runs itself with "
               f"{python}", file=sys.stderr, flush=True)
@@ -210,17 +210,6 @@ def _find_vllm(config: Any, args: argparse.Namespace, rerun: bool = True) -> Non
     raise ValueError(f"hardware=cpu-verl needs vLLM's CPU build, which {sys.executable} lacks; "
                      "allowed: bash env_setup.sh --verl-cpu (then this command re-runs itself "
                      f"with {VERL_CPU_VENV}/bin/python), or hardware=cpu (the local engine)")
-
-
-def verl_cpu_python() -> Path | None:
-    """The Python of the ``env_setup.sh --verl-cpu`` venv, if there is one."""
-    named = os.environ.get("AGENTRL_VERL_CPU_PYTHON")
-    venv = os.environ.get("AGENTRL_VERL_CPU_VENV",
-                          str(Path(agentrl.__file__).resolve().parents[1] / VERL_CPU_VENV))
-    for candidate in (named, str(Path(venv) / "bin" / "python")):
-        if candidate and Path(candidate).is_file() and Path(candidate) != Path(sys.executable):
-            return Path(candidate)
-    return None
 
 
 def check_override_types(overrides: Sequence[str]) -> None:

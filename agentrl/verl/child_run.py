@@ -24,9 +24,11 @@ import time
 from pathlib import Path
 
 __all__ = ["ChildRunError", "console_steps", "end_session", "finish", "session_pids", "start",
-           "survivors", "verl_cpu_python"]
+           "survivors", "verl_cpu_python", "verl_cpu_venv_python"]
 
 ROOT = Path(__file__).resolve().parents[2]
+VERL_CPU_VENV = ".venv-verl-cpu"
+"""The venv ``env_setup.sh --verl-cpu`` makes in the checkout, with vLLM's CPU build."""
 STEP_LINE = re.compile(r"step:(\d+) - (.*)")
 METRIC = re.compile(r"([\w/@.-]+):(?:np\.\w+\()?(-?[\d.]+(?:e[-+]?\d+)?)\)?(?= - |$)")
 """verl's console logger: ``step:N - key:value - ...``; a worker's value may be printed as
@@ -37,16 +39,24 @@ class ChildRunError(RuntimeError):
     """A child run that failed or ran out of time (its output's tail in the message)."""
 
 
-def verl_cpu_python() -> str | None:
-    """An interpreter that can import vLLM's CPU build: ``$AGENTRL_VERL_CPU_PYTHON``, the
-    ``.venv-verl-cpu`` that ``env_setup.sh --verl-cpu`` makes (or ``$AGENTRL_VERL_CPU_VENV``),
-    or this one when it has vLLM; None otherwise."""
+def verl_cpu_venv_python() -> Path | None:
+    """Another interpreter with vLLM's CPU build: ``$AGENTRL_VERL_CPU_PYTHON``, else the
+    ``.venv-verl-cpu`` of ``env_setup.sh --verl-cpu`` (or ``$AGENTRL_VERL_CPU_VENV``); None when
+    neither is a file other than this interpreter."""
     named = os.environ.get("AGENTRL_VERL_CPU_PYTHON")
-    if named:
-        return named
-    venv = Path(os.environ.get("AGENTRL_VERL_CPU_VENV", ROOT / ".venv-verl-cpu")) / "bin" / "python"
-    if venv.exists():
-        return str(venv)
+    venv = Path(os.environ.get("AGENTRL_VERL_CPU_VENV", ROOT / VERL_CPU_VENV))
+    for candidate in (named, venv / "bin" / "python"):
+        if candidate and Path(candidate).is_file() and Path(candidate) != Path(sys.executable):
+            return Path(candidate)
+    return None
+
+
+def verl_cpu_python() -> str | None:
+    """An interpreter that can run ``hardware=cpu-verl``: :func:`verl_cpu_venv_python`, or this
+    one when it has vLLM; None otherwise."""
+    other = verl_cpu_venv_python()
+    if other is not None:
+        return str(other)
     return sys.executable if importlib.util.find_spec("vllm") is not None else None
 
 

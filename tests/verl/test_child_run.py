@@ -45,3 +45,25 @@ def test_console_steps_reads_verls_lines_and_keeps_a_redone_steps_last():
         2: {"timing_s/gen": 2.0, "timing_s/step": 3.5}}
     assert child_run.console_steps(output, keys=("timing_s/gen",)) == {
         1: {"timing_s/gen": 12.25}, 2: {"timing_s/gen": 2.0}}
+
+
+def test_the_cpu_verl_interpreter_is_the_named_one_else_the_venvs_never_this_one(
+        tmp_path, monkeypatch):
+    """One lookup for ``agentrl train hardware=cpu-verl`` (which re-runs itself there) and the
+    runs the tests and benchmarks start: the named interpreter, else the venv's."""
+    venv_python = tmp_path / "venv" / "bin" / "python"
+    venv_python.parent.mkdir(parents=True)
+    venv_python.write_text("")
+    named = tmp_path / "named-python"
+    named.write_text("")
+    monkeypatch.setenv("AGENTRL_VERL_CPU_VENV", str(tmp_path / "venv"))
+    monkeypatch.setenv("AGENTRL_VERL_CPU_PYTHON", str(named))
+    assert child_run.verl_cpu_venv_python() == named
+    monkeypatch.setenv("AGENTRL_VERL_CPU_PYTHON", str(tmp_path / "missing"))
+    assert child_run.verl_cpu_venv_python() == venv_python
+    assert child_run.verl_cpu_python() == str(venv_python)
+    monkeypatch.setenv("AGENTRL_VERL_CPU_PYTHON", sys.executable)  # this one: nothing to re-run
+    monkeypatch.setenv("AGENTRL_VERL_CPU_VENV", str(tmp_path / "no-venv"))
+    assert child_run.verl_cpu_venv_python() is None
+    has_vllm = child_run.importlib.util.find_spec("vllm") is not None
+    assert child_run.verl_cpu_python() == (sys.executable if has_vllm else None)
