@@ -146,6 +146,20 @@ LOCAL_RECIPES = [name for name, recipe in RECIPES.items() if not recipe.verl]
 BANDIT_RECIPES = ("untrained", "ppo")  # the bandit's task is its first free token
 
 
+def parse_levers(parser: argparse.ArgumentParser, texts: list[str]) -> dict[str, list[str]]:
+    """``--lever NAME=KEY=VALUE[,KEY=VALUE]`` texts as {name: overrides}; a bad one is a usage
+    error naming it."""
+    levers = {}
+    for text in texts:
+        name, _, overrides = text.partition("=")
+        pairs = [pair.strip() for pair in overrides.split(",") if pair.strip()]
+        if not name.isidentifier() or not pairs or any("=" not in pair for pair in pairs):
+            parser.error(f"--lever {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE] with a NAME "
+                         "of letters, digits and underscores")
+        levers[name] = pairs
+    return levers
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tightBlocksworldTurnsAgent",
@@ -204,14 +218,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         if verl_cpu_python() is None:
             parser.error("--recipes verl needs vLLM's CPU build, which no venv here has; "
                          "allowed: bash env_setup.sh --verl-cpu first, or the other recipes")
-    args.levers = {}
-    for text in args.lever:
-        name, _, overrides = text.partition("=")
-        pairs = [pair.strip() for pair in overrides.split(",") if pair.strip()]
-        if not name.isidentifier() or not pairs or any("=" not in pair for pair in pairs):
-            parser.error(f"--lever {text!r}: expected NAME=KEY=VALUE[,KEY=VALUE] with a NAME "
-                         "of letters, digits and underscores")
-        args.levers[name] = pairs
+    args.levers = parse_levers(parser, args.lever)
     if args.lever_only and not args.levers:
         parser.error("--lever-only needs a --lever")
     if args.levers and not any(RECIPES[r].ppo and not RECIPES[r].verl for r in args.recipes):

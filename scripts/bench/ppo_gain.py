@@ -25,6 +25,10 @@ Over the seeds: the mean gain, and the interval and McNemar test of all seeds' g
 The goal (the issue's): a mean gain of at least :data:`GOAL` (+10 points). JSON to ``--out``
 (``gain`` per seed and on the mean, ``games`` per seed, each game's wins), the plot beside it.
 
+``--lever NAME=KEY=VALUE[,KEY=VALUE]`` adds a PPO run from the same warm start with these
+overrides on its PPO stage (``<--run-dir>/sft_ppo@<groups>x<group-size>+NAME/``), played on the
+same games: its gain over ``sft`` and over ``sft_ppo``, each paired, under ``levers``.
+
 Stages resume as the learning benchmark's (``stage.json`` per folder; other settings refused);
 the warm start is not PPO's budget (uncapped). Checkpoints this process trained are deleted at
 its end unless ``--keep-checkpoints``.
@@ -77,9 +81,14 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="JSON output path; the plot goes beside it as .png")
     parser.add_argument("--keep-checkpoints", action="store_true",
                         help="keep the checkpoints of the stages this run trains")
+    parser.add_argument("--lever", action="append", default=[],
+                        metavar="NAME=KEY=VALUE[,KEY=VALUE]",
+                        help="one more PPO run with these overrides on its PPO stage, compared "
+                             "on the same games; repeat for more levers")
     parser.add_argument("overrides", nargs="*", metavar="key=value",
                         help="config overrides of every stage")
     args = parser.parse_args(argv)
+    args.levers = LEARN.parse_levers(parser, args.lever)
     for name in ("seeds", "steps", "groups", "group_size", "sft_episodes", "sft_epochs",
                  "val_groups"):
         if getattr(args, name) < 1:
@@ -94,46 +103,81 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
-    """Both models of one training seed, their paired held-out wins and the comparison."""
-    def configs(**changes: Any) -> Any:
-        return LEARN.Configs(argparse.Namespace(**{**vars(args), **changes}))
+def compared(wins: list[bool], base: list[bool]) -> dict[str, Any]:
+    """``wins`` against ``base`` on the same games: the paired gain, its interval, McNemar."""
+    gain, interval = paired_difference(wins, base)
+    return {"gain": gain, "gain_ci95": list(interval), "mcnemar": mcnemar(wins, base)}
 
-    ppo_configs = configs()
-    paired_configs = configs(run_dir=args.run_dir / "paired")
-    folders = {name: args.run_dir / "paired" / name / f"seed_{seed}" for name in MODELS}
-    lever = (f"{args.groups}x{args.group_size}",
-             [f"train.group_num={args.groups}", f"train.group_size={args.group_size}"])
-    ppo_folder = args.run_dir / f"sft_ppo@{lever[0]}" / f"seed_{seed}"
-    evaluated = all((folders[name] / LEARN.STAGE_FILE).is_file() for name in MODELS)
-    warm = LEARN.sft_stage(configs(minutes=None), seed, need_checkpoint=not evaluated)
-    paired = {"sft": LEARN.paired_stage(paired_configs, folders["sft"], "sft", seed,
-                                        warm["checkpoint"], args)}
-    # PPO's whole --minutes: the warm start is not its budget (as scripts/bench/pool.py)
-    ppo = LEARN.ppo_stage(ppo_configs, "sft_ppo", seed, {**warm, "train_minutes": 0.0}, lever)
-    paired["sft_ppo"] = LEARN.paired_stage(paired_configs, folders["sft_ppo"], "sft_ppo", seed,
-                                           ppo["checkpoint"], args)
-    wins = {name: paired[name]["wins"] for name in MODELS}
-    gain, interval = paired_difference(wins["sft_ppo"], wins["sft"])
-    records = LEARN.read_metrics(ppo_folder / "metrics.jsonl")
-    return {"seed": seed, **{name: paired[name]["success"] for name in MODELS},
-            "gain": gain, "gain_ci95": list(interval),
-            "mcnemar": mcnemar(wins["sft_ppo"], wins["sft"]), "wins": wins,
-            "games": len(wins["sft"]), "ppo_steps": ppo["steps"],
+
+def ppo_arm(args: argparse.Namespace, seed: int, warm: dict[str, Any], model: str, arm: str,
+            overrides: list[str]) -> dict[str, Any]:
+    """One PPO run from the warm start (``overrides`` on its PPO stage, in ``sft_ppo@<arm>``)
+    and its paired wins (``paired/<model>``)."""
+    configs = LEARN.Configs(args)
+    ppo = LEARN.ppo_stage(configs, "sft_ppo", seed, {**warm, "train_minutes": 0.0},
+                          (arm, overrides))
+    paired = LEARN.paired_stage(LEARN.Configs(argparse.Namespace(
+        **{**vars(args), "run_dir": args.run_dir / "paired"})),
+        args.run_dir / "paired" / model / f"seed_{seed}", model, seed, ppo["checkpoint"], args)
+    records = LEARN.read_metrics(args.run_dir / f"sft_ppo@{arm}" / f"seed_{seed}" / "metrics.jsonl")
+    return {"success": paired["success"], "wins": paired["wins"], "ppo_steps": ppo["steps"],
             "ppo_train_minutes": ppo["train_minutes"], "ppo_validation": ppo["after"],
             "health": LEARN.health_of(records),
             "explained_variance_pooled": LEARN.pooled_explained_variance(records),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 
+def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
+    """The warm start, PPO from it (and each lever's), their paired held-out wins compared."""
+    size = f"{args.groups}x{args.group_size}"
+    base = [f"train.group_num={args.groups}", f"train.group_size={args.group_size}"]
+    arms = {"sft_ppo": (size, base), **{f"sft_ppo+{name}": (f"{size}+{name}", [*base, *overrides])
+                                        for name, overrides in args.levers.items()}}
+    paired_folder = args.run_dir / "paired" / "sft" / f"seed_{seed}"
+    evaluated = all((args.run_dir / "paired" / model / f"seed_{seed}" / LEARN.STAGE_FILE).is_file()
+                    for model in ("sft", *arms))
+    warm = LEARN.sft_stage(LEARN.Configs(argparse.Namespace(**{**vars(args), "minutes": None})),
+                           seed, need_checkpoint=not evaluated)
+    sft = LEARN.paired_stage(LEARN.Configs(argparse.Namespace(
+        **{**vars(args), "run_dir": args.run_dir / "paired"})), paired_folder, "sft", seed,
+        warm["checkpoint"], args)
+    # PPO's whole --minutes: the warm start is not its budget (as scripts/bench/pool.py)
+    ppo, *lever_runs = (ppo_arm(args, seed, warm, model, arm, overrides)
+                        for model, (arm, overrides) in arms.items())
+    levers = {name: {**run, **compared(run["wins"], sft["wins"]),
+                     "vs_sft_ppo": compared(run["wins"], ppo["wins"])}
+              for name, run in zip(args.levers, lever_runs)}
+    return {"seed": seed, "sft": sft["success"], "sft_ppo": ppo["success"],
+            **compared(ppo["wins"], sft["wins"]),
+            "wins": {"sft": sft["wins"], "sft_ppo": ppo["wins"]}, "games": len(sft["wins"]),
+            **{key: value for key, value in ppo.items() if key not in ("success", "wins")},
+            **({"levers": levers} if levers else {})}
+
+
+def pooled(runs: list[dict[str, Any]], wins_of: Any, base_of: Any) -> dict[str, Any]:
+    """:func:`compared` over every seed's games at once."""
+    wins = [w for r in runs for w in wins_of(r)]
+    base = [w for r in runs for w in base_of(r)]
+    result = compared(wins, base)
+    return {"gain": result["gain"], "gain_ci95": result["gain_ci95"], "games": len(wins),
+            **result["mcnemar"]}
+
+
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The mean over seeds, and every seed's games pooled: the paired interval and McNemar."""
-    wins = {name: [w for r in runs for w in r["wins"][name]] for name in MODELS}
-    gain, interval = paired_difference(wins["sft_ppo"], wins["sft"])
-    return {**{name: statistics.fmean(r[name] for r in runs) for name in MODELS},
+    mean = {**{name: statistics.fmean(r[name] for r in runs) for name in MODELS},
             "gain": statistics.fmean(r["gain"] for r in runs),
-            "pooled": {"gain": gain, "gain_ci95": list(interval), "games": len(wins["sft"]),
-                       **mcnemar(wins["sft_ppo"], wins["sft"])}}
+            "pooled": pooled(runs, lambda r: r["wins"]["sft_ppo"], lambda r: r["wins"]["sft"])}
+    names = runs[0].get("levers", {})
+    if names:
+        mean["levers"] = {name: {
+            "success": statistics.fmean(r["levers"][name]["success"] for r in runs),
+            "gain": statistics.fmean(r["levers"][name]["gain"] for r in runs),
+            "pooled": pooled(runs, lambda r: r["levers"][name]["wins"],
+                             lambda r: r["wins"]["sft"]),
+            "vs_sft_ppo": pooled(runs, lambda r: r["levers"][name]["wins"],
+                                 lambda r: r["wins"]["sft_ppo"])} for name in names}
+    return mean
 
 
 # -- output --------------------------------------------------------------------------------------
@@ -141,25 +185,39 @@ def show(result: dict[str, Any]) -> None:
     def cell(value: float | None, fmt: str) -> str:
         return "-" if value is None else format(value, fmt)
 
-    print(f"{'seed':>5} {'sft':>6} {'+PPO':>6} {'gain':>7} {'95% interval':>16} "
-          f"{'won/lost':>9} {'p':>6} {'steps':>5} {'EV':>6} {'clip':>6} {'KL':>7} {'entropy':>7}")
-    for r in result["runs"]:
-        h, test = r["health"], r["mcnemar"]
-        low, high = r["gain_ci95"]
-        print(f"{r['seed']:>5} {r['sft']:>6.1%} {r['sft_ppo']:>6.1%} {r['gain']:>+7.1%} "
+    def line(seed: Any, label: str, sft: float, success: float, row: dict[str, Any],
+             test: dict[str, Any], run: dict[str, Any] | None) -> None:
+        low, high = row["gain_ci95"]
+        h = run["health"] if run else {}
+        steps = run["ppo_steps"] if run else ""
+        print(f"{seed!s:>5} {label:<12} {sft:>6.1%} {success:>6.1%} {row['gain']:>+7.1%} "
               f"{f'[{low:+.1%}, {high:+.1%}]':>16} {test['only_a']:>4}/{test['only_b']:<4} "
-              f"{test['p']:>6.3f} {r['ppo_steps']:>5} "
-              f"{cell(h['critic/vf_explained_var'], '>6.3f')} "
-              f"{cell(h['actor/pg_clipfrac'], '>6.3f')} {cell(h['actor/ppo_kl'], '>7.4f')} "
-              f"{cell(h['actor/entropy'], '>7.3f')}")
-    m, pooled = result["mean"], result["mean"]["pooled"]
-    low, high = pooled["gain_ci95"]
-    print(f"{'mean':>5} {m['sft']:>6.1%} {m['sft_ppo']:>6.1%} {m['gain']:>+7.1%} "
-          f"{f'[{low:+.1%}, {high:+.1%}]':>16} {pooled['only_a']:>4}/{pooled['only_b']:<4} "
-          f"{pooled['p']:>6.3f}")
+              f"{test['p']:>6.3f} {steps!s:>5} "
+              f"{cell(h.get('critic/vf_explained_var'), '.3f'):>6} "
+              f"{cell(h.get('actor/pg_clipfrac'), '.3f'):>6} "
+              f"{cell(h.get('actor/ppo_kl'), '.4f'):>7} {cell(h.get('actor/entropy'), '.3f'):>7}")
+
+    print(f"{'seed':>5} {'PPO run':<12} {'sft':>6} {'+PPO':>6} {'gain':>7} {'95% interval':>16} "
+          f"{'won/lost':>9} {'p':>6} {'steps':>5} {'EV':>6} {'clip':>6} {'KL':>7} {'entropy':>7}")
+    size = f"{result['groups']}x{result['group_size']}"
+    for r in result["runs"]:
+        line(r["seed"], size, r["sft"], r["sft_ppo"], r, r["mcnemar"], r)
+        for name, lever in r.get("levers", {}).items():
+            line(r["seed"], f"+{name}", r["sft"], lever["success"], lever, lever["mcnemar"],
+                 lever)
+    m = result["mean"]
+    line("mean", size, m["sft"], m["sft_ppo"], {**m["pooled"], "gain": m["gain"]}, m["pooled"],
+         None)
+    for name, lever in m.get("levers", {}).items():
+        line("mean", f"+{name}", m["sft"], lever["success"],
+             {**lever["pooled"], "gain": lever["gain"]}, lever["pooled"], None)
+        vs = lever["vs_sft_ppo"]
+        print(f"  +{name} against {size} on the same games: {vs['gain']:+.1%} "
+              f"[{vs['gain_ci95'][0]:+.1%}, {vs['gain_ci95'][1]:+.1%}], "
+              f"won/lost {vs['only_a']}/{vs['only_b']}, p {vs['p']:.3f}")
     print(f"mean gain {m['gain']:+.1%} ({'meets' if result['passed'] else 'misses'} the goal of "
           f"{GOAL:+.0%}); {result['val_games']} held-out games a model, greedy, paired; the "
-          f"interval and p pool {pooled['games']} game pairs")
+          f"mean rows' interval and p pool {m['pooled']['games']} game pairs")
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:
@@ -169,11 +227,14 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     import matplotlib.pyplot as plt
 
     rows = [*result["runs"], {"seed": "mean", **result["mean"]}]
+    bars = [("warm start (SFT)", lambda r: r["sft"]), ("SFT + PPO", lambda r: r["sft_ppo"])]
+    bars += [(f"SFT + PPO +{name}", lambda r, name=name: r["levers"][name]["success"])
+             for name in result["levers"]]
     fig, ax = plt.subplots(figsize=(6.5, 3.5))
-    width = 0.8 / len(MODELS)
-    for i, (name, label) in enumerate(zip(MODELS, ("warm start (SFT)", "SFT + PPO"))):
-        ax.bar([x + (i - 0.5) * width for x in range(len(rows))], [r[name] for r in rows], width,
-               label=label)
+    width = 0.8 / len(bars)
+    for i, (label, value) in enumerate(bars):
+        ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(rows))],
+               [value(r) for r in rows], width, label=label)
     for x, row in enumerate(rows):
         ax.annotate(f"{row['gain']:+.1%}", (x, 1.0), ha="center", fontsize=7)
     ax.set_xticks(range(len(rows)), [f"seed {r['seed']}" if r["seed"] != "mean" else "mean"
@@ -198,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "val_games": args.val_groups, "minutes": args.minutes, "steps": args.steps,
               "groups": args.groups, "group_size": args.group_size,
               "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
-              "overrides": args.overrides, "goal": GOAL, "gain": mean["gain"],
+              "overrides": args.overrides, "levers": args.levers, "goal": GOAL, "gain": mean["gain"],
               "gain_per_seed": [r["gain"] for r in runs],
               "games": [r["games"] for r in runs], "passed": mean["gain"] >= GOAL,
               "mean": mean, "runs": runs, "run_dir": str(args.run_dir)}

@@ -1,6 +1,6 @@
 """scripts/bench/ppo_gain.py: the summary over seeds on hand-made runs, its checks, and a smoke
-run with the tiny model (one seed, one PPO step, two held-out games) that writes the JSON with
-the issue's keys, the plot, and reads its stages back a second time."""
+run with the tiny model (one seed, one PPO step and one lever's, two held-out games) that writes
+the JSON with the issue's keys, the plot, and reads its stages back a second time."""
 
 from __future__ import annotations
 
@@ -50,7 +50,7 @@ def smoke_args(tmp_path):
     return ["--seeds", "1", "--steps", "1", "--val-groups", "2", "--sft-episodes", "2",
             "--sft-epochs", "1", "--groups", "1", "--group-size", "2",
             "--run-dir", str(tmp_path / "runs"), "--out", str(tmp_path / "learn_ppo.json"),
-            "model=tiny", "threads=1"]
+            "--lever", "two_passes=actor.ppo_epochs=2", "model=tiny", "threads=1"]
 
 
 @pytest.mark.slow
@@ -65,12 +65,21 @@ def test_a_smoke_run_writes_the_json_and_reads_its_stages_back(bench, tmp_path, 
     assert result["gain_per_seed"] == [run["gain"]] and result["gain"] == run["gain"]
     assert run["ppo_steps"] == 1 and set(run["mcnemar"]) == {"only_a", "only_b", "p"}
     assert run["health"]["actor/entropy"] is not None  # the PPO run's health, read back
+    lever = run["levers"]["two_passes"]  # the lever's PPO run, on the same games
+    assert lever["gain"] == pytest.approx(lever["success"] - run["sft"])
+    assert lever["vs_sft_ppo"]["gain"] == pytest.approx(lever["success"] - run["sft_ppo"])
+    assert lever["health"]["actor/ppo_kl"] != 0  # a second pass: the ratio moved
+    assert set(result["mean"]["levers"]["two_passes"]) == {"success", "gain", "pooled",
+                                                           "vs_sft_ppo"}
     assert Path(result["plot"]).stat().st_size > 0
     first = capsys.readouterr()
     assert "mean gain" in first.out and "oracle demonstrations" in first.err
     runs = tmp_path / "runs"
     ppo_stage = json.loads((runs / "sft_ppo@1x2" / "seed_0" / "stage.json").read_text())
     assert ppo_stage["settings"]["lever"] == ["train.group_num=1", "train.group_size=2"]
+    lever_stage = json.loads((runs / "sft_ppo@1x2+two_passes" / "seed_0" / "stage.json"
+                              ).read_text())
+    assert lever_stage["settings"]["lever"][-1] == "actor.ppo_epochs=2"
     assert not list(runs.glob("**/checkpoints"))  # all trained here, pruned
 
     bench.main(smoke_args(tmp_path))  # every stage read back: nothing trains or plays again
