@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import pytest
 
-from agentrl.evaluation.stats import Z_95, binomial_p, mcnemar, paired_difference, wilson_interval
+from agentrl.evaluation.stats import (
+    Z_95, binomial_p, mcnemar, mean_difference, paired_difference, wilson_interval,
+)
 
 
 @pytest.mark.parametrize("successes, n, low, high", [
@@ -55,17 +57,32 @@ def test_mcnemar_counts_the_games_one_won_and_the_other_lost():
 
 def test_the_paired_difference_and_its_interval():
     a = [True] * 6 + [False] * 4
-    b = [True] * 3 + [False] * 7            # per game: 3 x +1, 7 x 0
+    b = [True] * 3 + [False] * 7            # 3 games only a won, none only b won
     gain, (low, high) = paired_difference(a, b)
     assert gain == pytest.approx(0.3)
-    sd = (sum((d - 0.3) ** 2 for d in [1] * 3 + [0] * 7) / 9) ** 0.5
-    assert (low, high) == pytest.approx((0.3 - Z_95 * sd / 10 ** 0.5, 0.3 + Z_95 * sd / 10 ** 0.5))
-    # the same two rates on games where the players disagree more: a wider interval
-    _, (wide_low, wide_high) = paired_difference([True] * 6 + [False] * 4,
-                                                 [False] * 6 + [True] * 3 + [False])
-    assert wide_high - wide_low > high - low
-    assert paired_difference([True, False], [True, False]) == (0.0, (0.0, 0.0))
+    # Agresti-Min by hand: 0.5 added to each cell of the 2x2 table, n = 10 + 2
+    only_a, only_b = 3.5 / 12, 0.5 / 12
+    half = Z_95 * ((only_a + only_b - (only_a - only_b) ** 2) / 12) ** 0.5
+    assert (low, high) == pytest.approx((0.25 - half, 0.25 + half))
+    # never a point: players that never disagree still leave a range, within [-1, 1]
+    _, (same_low, same_high) = paired_difference([True, False] * 5, [True, False] * 5)
+    assert same_low < 0 < same_high
+    assert paired_difference([True] * 10, [False] * 10)[1][1] == 1.0
+    # the same split on 10x the games: a narrower interval
+    _, (many_low, many_high) = paired_difference(a * 10, b * 10)
+    assert many_low < 0.3 < many_high and many_high - many_low < (high - low) / 2
     with pytest.raises(ValueError, match="same games"):
         paired_difference([True], [True, False])
     with pytest.raises(ValueError, match="same games"):
         paired_difference([], [])
+
+
+def test_the_mean_of_per_game_differences_and_its_interval():
+    diffs = [1.0, 0.0, 0.0, -1.0 / 3, 1.0 / 3]
+    mean, (low, high) = mean_difference(diffs)
+    assert mean == pytest.approx(0.2)
+    sd = (sum((d - 0.2) ** 2 for d in diffs) / 4) ** 0.5
+    assert (low, high) == pytest.approx((0.2 - Z_95 * sd / 5 ** 0.5, 0.2 + Z_95 * sd / 5 ** 0.5))
+    assert mean_difference([1.0] * 4) == (1.0, (1.0, 1.0))
+    with pytest.raises(ValueError, match="no games"):
+        mean_difference([])

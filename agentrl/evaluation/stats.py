@@ -26,7 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["Z_95", "binomial_p", "mcnemar", "paired_difference", "rounded", "wilson_interval"]
+__all__ = ["Z_95", "binomial_p", "mcnemar", "mean_difference", "paired_difference", "rounded",
+           "wilson_interval"]
 
 Z_95 = 1.959963984540054
 """The standard normal quantile of a two-sided 95% interval."""
@@ -78,13 +79,28 @@ def binomial_p(only_a: int, only_b: int) -> float:
 
 def paired_difference(a: list[bool], b: list[bool], z: float = Z_95
                       ) -> tuple[float, tuple[float, float]]:
-    """``a``'s success rate minus ``b``'s on the same games, and its normal-approximation
-    interval from the per-game differences (each -1, 0 or +1): ``d +- z sd(d) / sqrt(n)``."""
+    """``a``'s success rate minus ``b``'s on the same games, and the Agresti-Min 95% interval of
+    that paired difference: Wald's on the 2x2 table with 0.5 added to each cell, which keeps a
+    width when the players never disagree (plain Wald's is then a point) and its coverage near
+    the edges."""
     if len(a) != len(b) or not a:
         raise ValueError(f"paired results need the same games, got {len(a)} and {len(b)}")
-    diffs = [int(x) - int(y) for x, y in zip(a, b)]
+    split = mcnemar(a, b)
+    n = len(a) + 2
+    only_a, only_b = (split["only_a"] + 0.5) / n, (split["only_b"] + 0.5) / n
+    shifted = only_a - only_b
+    half = z * math.sqrt(max(only_a + only_b - shifted ** 2, 0.0) / n)
+    return ((split["only_a"] - split["only_b"]) / len(a),
+            (max(-1.0, shifted - half), min(1.0, shifted + half)))
+
+
+def mean_difference(diffs: list[float], z: float = Z_95) -> tuple[float, tuple[float, float]]:
+    """The mean of per-game differences (each game's over several runs, say) and its normal
+    interval ``mean +- z sd / sqrt(n)``: the games, not the runs, are the independent units."""
+    if not diffs:
+        raise ValueError("no games to compare")
     n = len(diffs)
     mean = sum(diffs) / n
     variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
     half = z * math.sqrt(variance / n)
-    return mean, (mean - half, mean + half)
+    return mean, (max(-1.0, mean - half), min(1.0, mean + half))

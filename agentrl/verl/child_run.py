@@ -52,8 +52,10 @@ def verl_cpu_venv_python() -> Path | None:
 
 
 def verl_cpu_python() -> str | None:
-    """An interpreter that can run ``hardware=cpu-verl``: :func:`verl_cpu_venv_python`, or this
-    one when it has vLLM; None otherwise."""
+    """An interpreter that can run ``hardware=cpu-verl``: ``$AGENTRL_VERL_CPU_PYTHON`` as named,
+    else :func:`verl_cpu_venv_python`, else this one when it has vLLM; None otherwise."""
+    if named := os.environ.get("AGENTRL_VERL_CPU_PYTHON"):
+        return named
     other = verl_cpu_venv_python()
     if other is not None:
         return str(other)

@@ -428,10 +428,12 @@ def paired_stage(configs: Configs, folder: Path, name: str, seed: int, checkpoin
                  owner: argparse.Namespace) -> dict[str, Any]:
     """The held-out wins, game by game, of a stage's ``checkpoint`` (as its record stores it,
     ``owner`` the arguments of the benchmark that trained it): what paired comparisons of models
-    on the same games (McNemar) read."""
+    on the same games (McNemar) read. Playing is cheap and depends on nothing else, so a record
+    of another checkpoint (a PPO run resumed to more steps) is played again, not refused."""
     settings = configs.settings(model=name, checkpoint=checkpoint)
-    if (record := cached_stage(folder, settings)) is not None:
-        return record
+    with contextlib.suppress(ValueError):  # ValueError: made with other settings
+        if (record := cached_stage(folder, settings)) is not None:
+            return record
     config = configs.build(constrained=True, seed=seed, model=str(located(owner, checkpoint)))
     wins = held_out_wins(config)
     return save_stage(folder, settings, {"wins": wins, "success": sum(wins) / len(wins),

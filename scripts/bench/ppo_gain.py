@@ -21,7 +21,9 @@ Per training seed:
 Reported per seed and over the seeds: both success rates; ``gain = sft_ppo - sft`` with the 95%
 interval of the paired difference; McNemar's exact test (the games one won and the other lost);
 the PPO run's health numbers (explained variance, clip fraction, KL, entropy per real choice).
-Over the seeds: the mean gain, and the interval and McNemar test of all seeds' games pooled.
+Over the seeds: the mean gain, and, since every seed plays the same held-out games, each game's
+difference averaged over the seeds: the interval of their mean and the sign test of the games
+PPO won on more seeds against those it won on fewer.
 The goal (the issue's): a mean gain of at least :data:`GOAL` (+10 points). JSON to ``--out``
 (``gain`` per seed and on the mean, ``games`` per seed, each game's wins), the plot beside it.
 
@@ -47,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.bench import script_module, write_result
-from agentrl.evaluation.stats import mcnemar, paired_difference
+from agentrl.evaluation.stats import binomial_p, mcnemar, mean_difference, paired_difference
 
 LEARN = script_module(Path(__file__).parent / "learn.py")
 """The warm-start and PPO stages, their configs and stage records (scripts/bench/learn.py)."""
@@ -75,12 +77,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--sft-epochs", type=int, default=1, help="warm-start epochs (default 1)")
     parser.add_argument("--val-groups", type=int, default=128,
                         help="held-out games, the same for both models (default 128)")
-    parser.add_argument("--run-dir", default="bench_results/ppo_gain_runs",
+    parser.add_argument("--run-dir", default="bench_results/learn_ppo_runs",
                         help="folder of the stage folders (reused: a stopped benchmark resumes)")
     parser.add_argument("--out", default="bench_results/learn_ppo.json",
                         help="JSON output path; the plot goes beside it as .png")
     parser.add_argument("--keep-checkpoints", action="store_true",
-                        help="keep the checkpoints of the stages this run trains")
+                        help="keep the checkpoints of the stages this run trains (a --lever added "
+                             "later then starts from the same warm start file; without it the "
+                             "warm start is trained again, which on a CPU at threads=1 repeats "
+                             "bit for bit)")
     parser.add_argument("--lever", action="append", default=[],
                         metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                         help="one more PPO run with these overrides on its PPO stage, compared "
@@ -98,6 +103,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.only_seed and not all(0 <= seed < args.seeds for seed in args.only_seed):
         parser.error(f"--only-seed must be a training seed of --seeds {args.seeds}: "
                      f"0..{args.seeds - 1}")
+    if args.preset == LEARN.BANDIT:
+        parser.error(f"--preset {LEARN.BANDIT} has no warm start to compare with; allowed: an "
+                     "agent preset")
     args.run_dir = Path(args.run_dir).resolve()
     args.val_every, args.arms = args.steps, 4  # what learn.py's stages read from its arguments
     return args
@@ -155,16 +163,20 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def pooled(runs: list[dict[str, Any]], wins_of: Any, base_of: Any) -> dict[str, Any]:
-    """:func:`compared` over every seed's games at once."""
-    wins = [w for r in runs for w in wins_of(r)]
-    base = [w for r in runs for w in base_of(r)]
-    result = compared(wins, base)
-    return {"gain": result["gain"], "gain_ci95": result["gain_ci95"], "games": len(wins),
-            **result["mcnemar"]}
+    """Every seed at once. The held-out games are the same for every training seed, so the games
+    are the independent units: each game's difference averaged over the seeds, their mean and
+    interval, and the sign test of the games the seeds favour one way (``better``) against the
+    other (``worse``)."""
+    per_game = [statistics.fmean(int(won) - int(base) for won, base in seeds)
+                for seeds in zip(*(zip(wins_of(r), base_of(r)) for r in runs))]
+    gain, interval = mean_difference(per_game)
+    better, worse = sum(d > 0 for d in per_game), sum(d < 0 for d in per_game)
+    return {"gain": gain, "gain_ci95": list(interval), "games": len(per_game),
+            "better": better, "worse": worse, "p": binomial_p(better, worse)}
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean over seeds, and every seed's games pooled: the paired interval and McNemar."""
+    """The mean over seeds, and every game's difference averaged over the seeds (:func:`pooled`)."""
     mean = {**{name: statistics.fmean(r[name] for r in runs) for name in MODELS},
             "gain": statistics.fmean(r["gain"] for r in runs),
             "pooled": pooled(runs, lambda r: r["wins"]["sft_ppo"], lambda r: r["wins"]["sft"])}
@@ -186,13 +198,13 @@ def show(result: dict[str, Any]) -> None:
         return "-" if value is None else format(value, fmt)
 
     def line(seed: Any, label: str, sft: float, success: float, row: dict[str, Any],
-             test: dict[str, Any], run: dict[str, Any] | None) -> None:
+             test: tuple[int, int, float], run: dict[str, Any] | None) -> None:
         low, high = row["gain_ci95"]
         h = run["health"] if run else {}
         steps = run["ppo_steps"] if run else ""
         print(f"{seed!s:>5} {label:<12} {sft:>6.1%} {success:>6.1%} {row['gain']:>+7.1%} "
-              f"{f'[{low:+.1%}, {high:+.1%}]':>16} {test['only_a']:>4}/{test['only_b']:<4} "
-              f"{test['p']:>6.3f} {steps!s:>5} "
+              f"{f'[{low:+.1%}, {high:+.1%}]':>16} {test[0]:>4}/{test[1]:<4} "
+              f"{test[2]:>6.3f} {steps!s:>5} "
               f"{cell(h.get('critic/vf_explained_var'), '.3f'):>6} "
               f"{cell(h.get('actor/pg_clipfrac'), '.3f'):>6} "
               f"{cell(h.get('actor/ppo_kl'), '.4f'):>7} {cell(h.get('actor/entropy'), '.3f'):>7}")
@@ -200,24 +212,31 @@ def show(result: dict[str, Any]) -> None:
     print(f"{'seed':>5} {'PPO run':<12} {'sft':>6} {'+PPO':>6} {'gain':>7} {'95% interval':>16} "
           f"{'won/lost':>9} {'p':>6} {'steps':>5} {'EV':>6} {'clip':>6} {'KL':>7} {'entropy':>7}")
     size = f"{result['groups']}x{result['group_size']}"
+    def split(test: dict[str, Any]) -> tuple[int, int, float]:
+        return test["only_a"], test["only_b"], test["p"]
+
+    def games(pooled: dict[str, Any]) -> tuple[int, int, float]:
+        return pooled["better"], pooled["worse"], pooled["p"]
+
     for r in result["runs"]:
-        line(r["seed"], size, r["sft"], r["sft_ppo"], r, r["mcnemar"], r)
+        line(r["seed"], size, r["sft"], r["sft_ppo"], r, split(r["mcnemar"]), r)
         for name, lever in r.get("levers", {}).items():
-            line(r["seed"], f"+{name}", r["sft"], lever["success"], lever, lever["mcnemar"],
-                 lever)
+            line(r["seed"], f"+{name}", r["sft"], lever["success"], lever,
+                 split(lever["mcnemar"]), lever)
     m = result["mean"]
-    line("mean", size, m["sft"], m["sft_ppo"], {**m["pooled"], "gain": m["gain"]}, m["pooled"],
-         None)
+    line("mean", size, m["sft"], m["sft_ppo"], m["pooled"], games(m["pooled"]), None)
     for name, lever in m.get("levers", {}).items():
-        line("mean", f"+{name}", m["sft"], lever["success"],
-             {**lever["pooled"], "gain": lever["gain"]}, lever["pooled"], None)
+        line("mean", f"+{name}", m["sft"], lever["success"], lever["pooled"],
+             games(lever["pooled"]), None)
         vs = lever["vs_sft_ppo"]
         print(f"  +{name} against {size} on the same games: {vs['gain']:+.1%} "
-              f"[{vs['gain_ci95'][0]:+.1%}, {vs['gain_ci95'][1]:+.1%}], "
-              f"won/lost {vs['only_a']}/{vs['only_b']}, p {vs['p']:.3f}")
+              f"[{vs['gain_ci95'][0]:+.1%}, {vs['gain_ci95'][1]:+.1%}], games better/worse "
+              f"{vs['better']}/{vs['worse']}, p {vs['p']:.3f}")
     print(f"mean gain {m['gain']:+.1%} ({'meets' if result['passed'] else 'misses'} the goal of "
-          f"{GOAL:+.0%}); {result['val_games']} held-out games a model, greedy, paired; the "
-          f"mean rows' interval and p pool {m['pooled']['games']} game pairs")
+          f"{GOAL:+.0%}); {result['val_games']} held-out games a model, greedy, paired. Per "
+          "seed: won/lost = games only PPO / only the warm start won, McNemar's p; mean rows: "
+          "each game's difference averaged over the seeds (the same games every seed), "
+          "better/worse = games PPO won on more / fewer seeds, the sign test's p")
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:

@@ -27,9 +27,11 @@ def test_the_mean_gain_and_the_pooled_games(bench):
     mean = bench.summarize(runs)
     assert mean["gain"] == pytest.approx(0.125)
     assert mean["sft"] == pytest.approx(0.375) and mean["sft_ppo"] == pytest.approx(0.5)
+    # the same 4 games on both seeds: per game (0 + 0)/2, (+1 - 1)/2, (+1 + 0)/2, (0 + 0)/2
     pooled = mean["pooled"]
-    assert pooled["games"] == 8 and (pooled["only_a"], pooled["only_b"]) == (2, 1)
+    assert pooled["games"] == 4 and (pooled["better"], pooled["worse"]) == (1, 0)
     assert pooled["gain"] == pytest.approx(1 / 8)
+    assert pooled["p"] == pytest.approx(1.0)
     low, high = pooled["gain_ci95"]
     assert low < pooled["gain"] < high
 
@@ -42,6 +44,9 @@ def test_arguments_are_checked(bench, capsys):
         with pytest.raises(SystemExit):
             bench.parse_args(argv)
         assert message in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        bench.parse_args(["--preset", "first-token-bandit"])
+    assert "no warm start" in capsys.readouterr().err
     args = bench.parse_args([])
     assert (args.val_groups, args.seeds, args.groups, args.group_size) == (128, 3, 4, 8)
 
@@ -68,7 +73,8 @@ def test_a_smoke_run_writes_the_json_and_reads_its_stages_back(bench, tmp_path, 
     lever = run["levers"]["two_passes"]  # the lever's PPO run, on the same games
     assert lever["gain"] == pytest.approx(lever["success"] - run["sft"])
     assert lever["vs_sft_ppo"]["gain"] == pytest.approx(lever["success"] - run["sft_ppo"])
-    assert lever["health"]["actor/ppo_kl"] != 0  # a second pass: the ratio moved
+    assert lever["health"]["actor/ppo_kl"] not in (None, 0)  # a second pass: the ratio moved
+    assert run["health"]["actor/ppo_kl"] == 0  # its own run's numbers, not the plain PPO's
     assert set(result["mean"]["levers"]["two_passes"]) == {"success", "gain", "pooled",
                                                            "vs_sft_ppo"}
     assert Path(result["plot"]).stat().st_size > 0
@@ -86,3 +92,22 @@ def test_a_smoke_run_writes_the_json_and_reads_its_stages_back(bench, tmp_path, 
     again = json.loads((tmp_path / "learn_ppo.json").read_text())
     assert again["runs"] == result["runs"]
     assert "oracle demonstrations" not in capsys.readouterr().err
+
+
+def test_a_paired_record_of_another_checkpoint_is_played_again(bench, tmp_path, monkeypatch):
+    """A PPO run resumed to more steps has a new checkpoint: its games are played again, where a
+    stage of other settings is otherwise refused (playing depends on nothing else)."""
+    learn = bench.LEARN
+    played = []
+    monkeypatch.setattr(learn, "held_out_wins", lambda config: played.append(config.model.name)
+                        or [True, False])
+    args = bench.parse_args(["--run-dir", str(tmp_path), "--val-groups", "2", "model=tiny"])
+    configs = learn.Configs(args)
+    folder = tmp_path / "paired" / "sft_ppo" / "seed_0"
+    first = learn.paired_stage(configs, folder, "sft_ppo", 0, "run/checkpoints/step_000016", args)
+    again = learn.paired_stage(configs, folder, "sft_ppo", 0, "run/checkpoints/step_000016", args)
+    assert first == again and len(played) == 1                          # read back
+    more = learn.paired_stage(configs, folder, "sft_ppo", 0, "run/checkpoints/step_000020", args)
+    assert played == [str(tmp_path / "run/checkpoints/step_000016"),
+                      str(tmp_path / "run/checkpoints/step_000020")]
+    assert more["settings"]["checkpoint"].endswith("step_000020") and more["games"] == 2

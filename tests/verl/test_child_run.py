@@ -61,9 +61,13 @@ def test_the_cpu_verl_interpreter_is_the_named_one_else_the_venvs_never_this_one
     assert child_run.verl_cpu_venv_python() == named
     monkeypatch.setenv("AGENTRL_VERL_CPU_PYTHON", str(tmp_path / "missing"))
     assert child_run.verl_cpu_venv_python() == venv_python
+    assert child_run.verl_cpu_python() == str(tmp_path / "missing")  # as named, for the runs
+    monkeypatch.delenv("AGENTRL_VERL_CPU_PYTHON")
     assert child_run.verl_cpu_python() == str(venv_python)
     monkeypatch.setenv("AGENTRL_VERL_CPU_PYTHON", sys.executable)  # this one: nothing to re-run
+    assert child_run.verl_cpu_venv_python() == venv_python
     monkeypatch.setenv("AGENTRL_VERL_CPU_VENV", str(tmp_path / "no-venv"))
     assert child_run.verl_cpu_venv_python() is None
+    monkeypatch.delenv("AGENTRL_VERL_CPU_PYTHON")
     has_vllm = child_run.importlib.util.find_spec("vllm") is not None
     assert child_run.verl_cpu_python() == (sys.executable if has_vllm else None)

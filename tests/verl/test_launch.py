@@ -549,7 +549,6 @@ def test_ctrl_c_during_the_verl_run_ends_it_and_returns_130_without_a_traceback(
     assert "Traceback" not in err
 
 
-
 def test_a_verl_run_starts_its_own_wandb_service():
     """A parent's WandB service (``WANDB_SERVICE``, set by any ``wandb.init`` in it) would
     outlive a killed run and keep its run id "in use", refusing the resume: the launch drops it."""
