@@ -9,8 +9,8 @@
 #
 # Positional arguments (each has a default; give them in this order, "" keeps a default):
 #    1 GPUS              GPUs to use (default: 0 on a machine without CUDA, else 1)
-#    2 GROUP_NUM         training groups per step, each on a new game          (default 2)
-#    3 GROUP_SIZE        episodes per group, all on the group's game           (default 4)
+#    2 GROUP_NUM         training groups per step, each on a new game          (default 4)
+#    3 GROUP_SIZE        episodes per group, all on the group's game           (default 8)
 #    4 VAL_GROUP_NUM     held-out games per validation preset                  (default 32)
 #    5 VAL_GROUP_SIZE    episodes per held-out game                            (default 1)
 #    6 TRAIN_PRESETS     agent presets to train on, a hydra list               (default [tightBlocksworldTurnsAgent])
@@ -54,7 +54,7 @@ backend_defaults() {  # CPU-sized for the local engine; the GPU presets' own siz
   if [[ $1 == local ]]; then
     # one move a turn, one past turn kept: a history window verl cannot train (one row an episode)
     DEFAULT_TRAIN_PRESETS="[tightBlocksworldTurnsAgent]" DEFAULT_VAL_PRESETS="[tightBlocksworldTurnsAgent]"
-    DEFAULT_GROUP_NUM=2 DEFAULT_GROUP_SIZE=4 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
+    DEFAULT_GROUP_NUM=4 DEFAULT_GROUP_SIZE=8 DEFAULT_VAL_GROUP_NUM=32 DEFAULT_VAL_GROUP_SIZE=1
     DEFAULT_MODEL=embedded DEFAULT_TOTAL_STEPS=8 DEFAULT_SFT_STEPS=24
     # 8 demonstrations a step with all their context windows (~18 rows), each of 192 seen
     # once; 4 rows in a forward/backward pass (their shared rules run once a pass);
