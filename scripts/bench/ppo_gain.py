@@ -177,8 +177,11 @@ def pooled(runs: list[dict[str, Any]], wins_of: Any, base_of: Any) -> dict[str, 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
     """The mean over seeds, and every game's difference averaged over the seeds (:func:`pooled`)."""
+    gains = [r["gain"] for r in runs]
     mean = {**{name: statistics.fmean(r[name] for r in runs) for name in MODELS},
-            "gain": statistics.fmean(r["gain"] for r in runs),
+            "gain": statistics.fmean(gains),
+            # how much the gain moves with the training seed: the pooled interval leaves it out
+            "gain_seed_sd": statistics.stdev(gains) if len(gains) > 1 else None,
             "pooled": pooled(runs, lambda r: r["wins"]["sft_ppo"], lambda r: r["wins"]["sft"])}
     names = runs[0].get("levers", {})
     if names:
@@ -232,8 +235,10 @@ def show(result: dict[str, Any]) -> None:
         print(f"  +{name} against {size} on the same games: {vs['gain']:+.1%} "
               f"[{vs['gain_ci95'][0]:+.1%}, {vs['gain_ci95'][1]:+.1%}], games better/worse "
               f"{vs['better']}/{vs['worse']}, p {vs['p']:.3f}")
-    print(f"mean gain {m['gain']:+.1%} ({'meets' if result['passed'] else 'misses'} the goal of "
-          f"{GOAL:+.0%}); {result['val_games']} held-out games a model, greedy, paired. Per "
+    spread = "" if m["gain_seed_sd"] is None else f", sd {m['gain_seed_sd']:.1%} over the seeds"
+    verdict = "meets" if result["passed"] else "misses"
+    print(f"mean gain {m['gain']:+.1%}{spread} ({verdict} the goal of {GOAL:+.0%}); "
+          f"{result['val_games']} held-out games a model, greedy, paired. Per "
           "seed: won/lost = games only PPO / only the warm start won, McNemar's p; mean rows: "
           "each game's difference averaged over the seeds (the same games every seed), "
           "better/worse = games PPO won on more / fewer seeds, the sign test's p")

@@ -26,6 +26,7 @@ def test_the_mean_gain_and_the_pooled_games(bench):
             run([True, True, False, False], [True, False, False, False])]  # -25 points
     mean = bench.summarize(runs)
     assert mean["gain"] == pytest.approx(0.125)
+    assert mean["gain_seed_sd"] == pytest.approx((2 * 0.375 ** 2) ** 0.5)  # +0.5 and -0.25
     assert mean["sft"] == pytest.approx(0.375) and mean["sft_ppo"] == pytest.approx(0.5)
     # the same 4 games on both seeds: per game (0 + 0)/2, (+1 - 1)/2, (+1 + 0)/2, (0 + 0)/2
     pooled = mean["pooled"]
