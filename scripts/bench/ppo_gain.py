@@ -286,7 +286,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "overrides": args.overrides, "levers": args.levers, "goal": GOAL, "gain": mean["gain"],
               "gain_per_seed": [r["gain"] for r in runs],
               "games": [r["games"] for r in runs], "passed": mean["gain"] >= GOAL,
-              "mean": mean, "runs": runs, "run_dir": str(args.run_dir)}
+              "mean": mean, "runs": runs,
+              "run_dir": str(args.run_dir.relative_to(Path.cwd())
+                             if args.run_dir.is_relative_to(Path.cwd()) else args.run_dir)}
     show(result)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
