@@ -5,7 +5,7 @@
     python scripts/bench/train.py critic.share_backbone=true lora.rank=8
 
 By default this is the step ``bash quick_train.sh`` runs on a CPU: the embedded model on the CPU
-preset (configs/hardware/cpu.yaml: 2 groups of 4 episodes), train preset ``tightBlocksworldTurnsAgent``.
+preset (configs/hardware/cpu.yaml: 4 groups of 8 episodes), train preset ``tightBlocksworldTurnsAgent``.
 Extra ``key=value`` arguments are hydra overrides of configs/base.yaml (the same as
 ``agentrl train``). The run writes into a temporary run_dir, without validation, checkpoints,
 WandB or plots, so only the training stages are timed. Stage shares are of the summed step

@@ -18,7 +18,7 @@ def test_one_step_reports_stage_seconds_engine_work_and_load(tmp_path, load_scri
     result = bench.main(["--steps", "1", "--out", str(out), "model=tiny",
                          "rollout.max_new_tokens=8"])
     assert json.loads(out.read_text())["seconds_per_step"] == result["seconds_per_step"]
-    assert result["episodes_per_step"] == 8  # the CPU preset: 2 groups of 4
+    assert result["episodes_per_step"] == 32  # the CPU preset: 4 groups of 8
     step = result["per_step"][0]
     assert result["stage_seconds"]["rollout"] == pytest.approx(step["timing/rollout_s"])
     assert sum(result["stage_share"].values()) <= 1 + 1e-9
