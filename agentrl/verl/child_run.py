@@ -63,9 +63,11 @@ def verl_cpu_python() -> str | None:
 
 
 def child_env(env: dict[str, str] | None = None) -> dict[str, str]:
-    """This environment for a child run: WandB off, Ray's logs not deduplicated, output
-    unbuffered, then ``env``."""
-    return {**os.environ, "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
+    """This environment for a child run: WandB off and never this process's WandB service (a
+    killed child's run would stay open in it), Ray's logs not deduplicated, output unbuffered,
+    then ``env``."""
+    inherited = {key: value for key, value in os.environ.items() if key != "WANDB_SERVICE"}
+    return {**inherited, "WANDB_MODE": "disabled", "RAY_DEDUP_LOGS": "0",
             "PYTHONUNBUFFERED": "1", **(env or {})}
 
 

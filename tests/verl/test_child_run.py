@@ -71,3 +71,13 @@ def test_the_cpu_verl_interpreter_is_the_named_one_else_the_venvs_never_this_one
     monkeypatch.delenv("AGENTRL_VERL_CPU_PYTHON")
     has_vllm = child_run.importlib.util.find_spec("vllm") is not None
     assert child_run.verl_cpu_python() == (sys.executable if has_vllm else None)
+
+
+def test_a_child_never_shares_this_processs_wandb_service(monkeypatch):
+    """Any ``wandb.init`` here leaves ``WANDB_SERVICE`` set: a child connected to that service
+    and killed would leave its run open there, and its resume refused as "in use"."""
+    monkeypatch.setenv("WANDB_SERVICE", "3-1-unix-/tmp/wandb-1/socket")
+    monkeypatch.setenv("HOME_FOR_TEST", "kept")
+    env = child_run.child_env({"EXTRA": "1"})
+    assert "WANDB_SERVICE" not in env
+    assert (env["HOME_FOR_TEST"], env["EXTRA"], env["WANDB_MODE"]) == ("kept", "1", "disabled")

@@ -4,7 +4,6 @@ once, WandB fed into verl's step. The manager's end-to-end test is in test_agent
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +14,7 @@ from omegaconf import OmegaConf
 
 from agentrl.rollout import EpisodeOutcome
 from agentrl.trainers.tracking import read_metrics
+from agentrl.verl import child_run
 from agentrl.verl.metrics import EpisodeMetricsLog, batch_metrics, episode_outcomes
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -215,8 +215,8 @@ def test_a_run_whose_tracking_outlives_wandb_ends_without_a_traceback(tmp_path):
     finished and WandB shut down at exit first: no traceback; a failing run prints its own."""
     script = tmp_path / "run.py"
     script.write_text(TEARDOWN_SCRIPT)
-    env = {**os.environ, "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
-           "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}
+    env = {**child_run.child_env(), "WANDB_MODE": "offline", "WANDB_DIR": str(tmp_path),
+           "WANDB_SILENT": "true", "PYTHONPATH": str(ROOT)}  # its own WandB service, as verl's
 
     def run(mode: str, trainer: str = "legacy") -> subprocess.CompletedProcess:
         return subprocess.run([sys.executable, str(script), mode, trainer], capture_output=True,
