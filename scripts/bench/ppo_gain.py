@@ -260,12 +260,12 @@ def plot(result: dict[str, Any], path: Path) -> Path:
         ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(rows))],
                [value(r) for r in rows], width, label=label)
     for x, row in enumerate(rows):
-        ax.annotate(f"{row['gain']:+.1%}", (x, 1.0), ha="center", fontsize=7)
+        ax.annotate(f"PPO {row['gain']:+.1%}", (x, 1.0), ha="center", fontsize=7)
     ax.set_xticks(range(len(rows)), [f"seed {r['seed']}" if r["seed"] != "mean" else "mean"
                                      for r in rows])
     ax.set(ylabel="held-out greedy success", ylim=(0, 1.08),
            title=f"What PPO adds ({result['preset']}, {result['val_games']} games, paired)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="lower center", ncol=len(bars))  # below the gains' labels
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
