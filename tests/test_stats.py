@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 
 from agentrl.evaluation.stats import (
-    Z_95, binomial_p, mcnemar, mean_difference, paired_difference, wilson_interval,
+    Z_95, binomial_p, mcnemar, mean_difference, paired_difference, paired_over_seeds,
+    wilson_interval,
 )
 
 
@@ -86,3 +87,20 @@ def test_the_mean_of_per_game_differences_and_its_interval():
     assert mean_difference([1.0] * 4) == (1.0, (1.0, 1.0))
     with pytest.raises(ValueError, match="no games"):
         mean_difference([])
+
+
+def test_seeds_on_the_same_games_count_each_game_once():
+    # game 0: a wins on both seeds; game 1: a on seed 0, b on seed 1 (a tie over the seeds);
+    # game 2: b on seed 1 only; game 3: never apart
+    a = [[True, True, False, True], [True, False, False, False]]
+    b = [[False, False, False, True], [False, True, True, False]]
+    result = paired_over_seeds(a, b)
+    assert (result["better"], result["worse"], result["games"]) == (1, 1, 4)
+    assert result["gain"] == pytest.approx((1 + 0 - 0.5 + 0) / 4)
+    assert result["p"] == pytest.approx(binomial_p(1, 1))
+    # McNemar's counts added over the seeds would see 3 games for a and 2 for b
+    assert sum(mcnemar(x, y)["only_a"] for x, y in zip(a, b)) == 3
+    with pytest.raises(ValueError, match="same games"):
+        paired_over_seeds(a, [b[0]])
+    with pytest.raises(ValueError, match="same games"):
+        paired_over_seeds([[True]], [[True, False]])

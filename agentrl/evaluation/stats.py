@@ -26,8 +26,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-__all__ = ["Z_95", "binomial_p", "mcnemar", "mean_difference", "paired_difference", "rounded",
-           "wilson_interval"]
+__all__ = ["Z_95", "binomial_p", "mcnemar", "mean_difference", "paired_difference",
+           "paired_over_seeds", "rounded", "wilson_interval"]
 
 Z_95 = 1.959963984540054
 """The standard normal quantile of a two-sided 95% interval."""
@@ -104,3 +104,20 @@ def mean_difference(diffs: list[float], z: float = Z_95) -> tuple[float, tuple[f
     variance = sum((d - mean) ** 2 for d in diffs) / (n - 1) if n > 1 else 0.0
     half = z * math.sqrt(variance / n)
     return mean, (max(-1.0, mean - half), min(1.0, mean + half))
+
+
+def paired_over_seeds(a: list[list[bool]], b: list[list[bool]]) -> dict[str, Any]:
+    """Two players trained on several seeds (``a[seed][game]``), every seed on the same games:
+    the games, not the seeds' wins, are the independent units. Each game's difference ``a - b``
+    averaged over the seeds; their mean and interval (:func:`mean_difference`); and the sign
+    test of the games the seeds favour ``a`` on (``better``) against those they favour ``b``
+    on (``worse``). Adding McNemar's counts over seeds instead would count a game once per seed,
+    as if each were new."""
+    if len(a) != len(b) or not a or len({len(wins) for wins in (*a, *b)}) != 1:
+        raise ValueError("paired seeds need the same games on every seed for both players")
+    per_game = [sum(int(x) - int(y) for x, y in zip(games_a, games_b)) / len(a)
+                for games_a, games_b in zip(zip(*a), zip(*b))]
+    gain, interval = mean_difference(per_game)
+    better, worse = sum(d > 0 for d in per_game), sum(d < 0 for d in per_game)
+    return {"gain": gain, "gain_ci95": list(interval), "games": len(per_game),
+            "better": better, "worse": worse, "p": binomial_p(better, worse)}

@@ -25,21 +25,30 @@ Per training seed:
 
 Reported per seed and on the mean over seeds: the three success rates; the gap the flaw costs,
 ``clean - flawed``; ``gap_closed = (flawed_ppo - flawed) / (clean - flawed)``, null when the gap
-is <= 0 (no flaw to close); and McNemar's exact test of each pair on the same games (the games
-one won and the other lost, and the two-sided binomial p of that split under "no difference"):
-``flawed_ppo`` against ``flawed`` (did PPO gain?) and ``flawed`` against ``clean`` (is the flaw
-real?); ``pooled`` adds those counts over seeds. The pass mark (the issue's): the mean's
-``gap_closed`` >= 0.5. JSON to ``--out`` (``gap_closed`` per seed and on the mean, each game's
-wins, the PPO run's health numbers as the learning benchmark reports them), the plot beside it.
+is <= 0 (no flaw to close); and per seed McNemar's exact test of each pair on the same games
+(the games one won and the other lost, and the two-sided binomial p of that split under "no
+difference"): ``flawed_ppo`` against ``flawed`` (did PPO gain?) and ``flawed`` against
+``clean`` (is the flaw real?). Over the seeds (``pooled``), as scripts/bench/ppo_gain.py: every
+seed plays the same held-out games, so each game's difference is averaged over the seeds; their
+mean and interval, and the sign test of the games the seeds favour one way against the other.
+The pass mark (the issue's): the mean's ``gap_closed`` >= 0.5. JSON to ``--out``
+(``gap_closed`` per seed and on the mean, each game's wins, the PPO run's health numbers as the
+learning benchmark reports them), the plot beside it.
+
+The clean warm start and its held-out wins are the same stages as scripts/bench/ppo_gain.py's
+(``sft/`` and ``paired/sft/``): with the same ``--run-dir`` and overrides, the two benchmarks
+share them, and the flawed run's PPO (``--steps``, the hardware preset's games a step) is
+compared with the clean one's on the same games.
 
 Stages resume as the learning benchmark's (``stage.json`` per folder; other settings refused);
 the warm starts are not PPO's budget (uncapped). Checkpoints this process trained are deleted at
 its end unless ``--keep-checkpoints``.
 
-Expected time (embedded SmolLM2-135M, 2 CPU cores): a warm start of 192 demonstrations x 1
-epoch ~25 min, 128 greedy held-out games ~4 min, so a seed is about 2 x 25 + 30 + 5 x 4 = 100
-min (each warm start and the PPO run evaluate too), 3 seeds about 5 hours; ``--only-seed`` splits
-them over processes sharing ``--run-dir``.
+Expected time (embedded SmolLM2-135M, 2 CPU cores, load ~2): a warm start of 192
+demonstrations x 1 epoch ~20-25 min, a PPO step of 32 episodes ~100 s, 128 greedy held-out
+games ~4 min, so a seed is about 2 x 25 + 27 + 5 x 4 = 100 min (each warm start and the PPO run
+evaluate too), less what ppo_gain's run left in ``--run-dir``; ``--only-seed`` splits the seeds
+over processes sharing ``--run-dir``.
 """
 
 from __future__ import annotations
@@ -50,56 +59,29 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.bench import script_module, write_result
-from agentrl.evaluation.stats import binomial_p, mcnemar
+from agentrl.evaluation.stats import mcnemar, paired_over_seeds
 
 LEARN = script_module(Path(__file__).parent / "learn.py")
 """The warm-start and PPO stages, their configs and stage records (scripts/bench/learn.py)."""
 FLAWED = "sft.flawed_first_move=true"
 MODELS = ("clean", "flawed", "flawed_ppo")
+PAIRED = {"clean": "sft", "flawed": "flawed", "flawed_ppo": "flawed_ppo"}
+"""Each model's folder and name under ``paired/``: the clean warm start's is ppo_gain's."""
 PASS_MARK = 0.5
 """Share of the clean-flawed gap PPO must close, on the mean over seeds."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tightBlocksworldTurnsAgent")
-    parser.add_argument("--seeds", type=int, default=3, help="training seeds (default 3)")
-    parser.add_argument("--only-seed", type=int, action="append", default=None, metavar="S",
-                        help="run only training seed S of the --seeds (repeatable)")
-    parser.add_argument("--steps", type=int, default=200,
-                        help="most PPO steps (default 200; --minutes usually ends it first)")
-    parser.add_argument("--minutes", type=float, default=30.0,
-                        help="PPO's training wall budget per seed (default 30)")
-    parser.add_argument("--sft-episodes", type=int, default=192,
-                        help="demonstrations of each warm start (default 192, quick_train.sh's)")
-    parser.add_argument("--sft-epochs", type=int, default=1,
-                        help="warm-start epochs (default 1)")
-    parser.add_argument("--val-groups", type=int, default=128,
-                        help="held-out games, the same for every model (default 128)")
-    parser.add_argument("--run-dir", default="bench_results/flawed_teacher_runs",
-                        help="folder of the stage folders (reused: a stopped benchmark resumes)")
-    parser.add_argument("--out", default="bench_results/flawed_teacher.json",
-                        help="JSON output path; the plot goes beside it as .png")
-    parser.add_argument("--keep-checkpoints", action="store_true",
-                        help="keep the checkpoints of the stages this run trains")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides of every stage")
+    LEARN.add_stage_arguments(parser, steps=16,
+                              steps_help="PPO steps (default 16, as scripts/bench/ppo_gain.py's)",
+                              val_groups=128, run_dir="bench_results/flawed_teacher_runs",
+                              out="bench_results/flawed_teacher.json")
     args = parser.parse_args(argv)
-    for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.minutes <= 0:
-        parser.error("--minutes must be > 0")
-    if args.only_seed and not all(0 <= seed < args.seeds for seed in args.only_seed):
-        parser.error(f"--only-seed must be a training seed of --seeds {args.seeds}: "
-                     f"0..{args.seeds - 1}")
     if any(o.split("=", 1)[0].strip() == "sft.flawed_first_move" for o in args.overrides):
         parser.error("sft.flawed_first_move is the benchmark's to set (the flawed stages "
                      "only); allowed: other overrides")
-    args.run_dir = Path(args.run_dir).resolve()
-    # what learn.py's stages read from its own arguments
-    args.val_every, args.arms = args.steps, 4
-    return args
+    return LEARN.check_stage_arguments(parser, args)
 
 
 # -- statistics ----------------------------------------------------------------------------------
@@ -123,15 +105,15 @@ def stage_configs(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def paired_folder(configs: dict[str, Any], name: str, seed: int) -> Path:
-    return configs["paired"].args.run_dir / name / f"seed_{seed}"
+    return configs["paired"].args.run_dir / PAIRED[name] / f"seed_{seed}"
 
 
 def paired_stage(configs: dict[str, Any], name: str, seed: int, trained: dict[str, Any]
                  ) -> dict[str, Any]:
     """The held-out wins of the checkpoint of ``trained`` (a stage record), per game."""
     owner = configs["flawed_ppo" if name == "flawed_ppo" else f"{name}_sft"].args
-    return LEARN.paired_stage(configs["paired"], paired_folder(configs, name, seed), name, seed,
-                              trained["checkpoint"], owner)
+    return LEARN.paired_stage(configs["paired"], paired_folder(configs, name, seed),
+                              PAIRED[name], seed, trained["checkpoint"], owner)
 
 
 def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
@@ -164,13 +146,13 @@ def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:
-    """The mean over seeds: success rates, gap, gap_closed of the means, pooled McNemar."""
+    """The mean over seeds: success rates, gap, gap_closed of the means, and each pair compared
+    game by game over the seeds (:func:`~agentrl.evaluation.stats.paired_over_seeds`)."""
     mean = {name: statistics.fmean(r[name] for r in runs) for name in MODELS}
-    pooled = {}
-    for pair in ("flawed_ppo_vs_flawed", "flawed_vs_clean"):
-        only_a = sum(r["mcnemar"][pair]["only_a"] for r in runs)
-        only_b = sum(r["mcnemar"][pair]["only_b"] for r in runs)
-        pooled[pair] = {"only_a": only_a, "only_b": only_b, "p": binomial_p(only_a, only_b)}
+    pairs = {"flawed_ppo_vs_flawed": ("flawed_ppo", "flawed"),
+             "flawed_vs_clean": ("flawed", "clean")}
+    pooled = {pair: paired_over_seeds([r["wins"][a] for r in runs], [r["wins"][b] for r in runs])
+              for pair, (a, b) in pairs.items()}
     return {**mean, "gap": mean["clean"] - mean["flawed"],
             "gap_closed": gap_closed(*(mean[name] for name in MODELS)), "pooled": pooled}
 
@@ -192,11 +174,15 @@ def show(result: dict[str, Any]) -> None:
     test, flaw = m["pooled"]["flawed_ppo_vs_flawed"], m["pooled"]["flawed_vs_clean"]
     print(f"{'mean':>5} {m['clean']:>6.1%} {m['flawed']:>7.1%} {m['flawed_ppo']:>6.1%} "
           f"{m['gap']:>+6.1%} {cell(m['gap_closed'], '>7.2f'):>7} "
-          f"{test['only_a']:>5}/{test['only_b']:<6} {test['p']:>7.3f} {flaw['p']:>7.3f}")
+          f"{test['better']:>5}/{test['worse']:<6} {test['p']:>7.3f} {flaw['p']:>7.3f}")
     verdict = ("no gap to close" if m["gap_closed"] is None else
                f"{'passes' if result['passed'] else 'misses'} the mark of {PASS_MARK}")
     print(f"gap_closed on the mean: {cell(m['gap_closed'], '.2f')} ({verdict}); "
-          f"{result['val_games']} held-out games a model, greedy, paired")
+          f"{result['val_games']} held-out games a model, greedy, paired. Per seed: PPO won/lost = "
+          "games only flawed + PPO / only the flawed warm start won, McNemar's p; mean row: games "
+          "the seeds favour PPO on / against, the sign test's p; PPO's gain over the flawed "
+          f"start on the mean {test['gain']:+.1%} [{test['gain_ci95'][0]:+.1%}, "
+          f"{test['gain_ci95'][1]:+.1%}]")
 
 
 def plot(result: dict[str, Any], path: Path) -> Path:

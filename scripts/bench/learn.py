@@ -160,6 +160,57 @@ def parse_levers(parser: argparse.ArgumentParser, texts: list[str]) -> dict[str,
     return levers
 
 
+def add_stage_arguments(parser: argparse.ArgumentParser, *, steps: int, steps_help: str,
+                        val_groups: int, run_dir: str, out: str,
+                        keep_checkpoints: bool = True) -> None:
+    """The arguments of a benchmark built on these stages (ppo_gain, flawed_teacher, pool): one
+    warm start per training seed, PPO from it within ``--minutes``, held-out games to compare
+    on. Check them with :func:`check_stage_arguments`."""
+    parser.add_argument("--preset", default="tightBlocksworldTurnsAgent")
+    parser.add_argument("--seeds", type=int, default=3, help="training seeds (default 3)")
+    parser.add_argument("--only-seed", type=int, action="append", default=None, metavar="S",
+                        help="run only training seed S of the --seeds (repeatable)")
+    parser.add_argument("--steps", type=int, default=steps, help=steps_help)
+    parser.add_argument("--minutes", type=float, default=30.0,
+                        help="PPO's training wall budget per seed (default 30)")
+    parser.add_argument("--sft-episodes", type=int, default=192,
+                        help="warm-start demonstrations (default 192, quick_train.sh's)")
+    parser.add_argument("--sft-epochs", type=int, default=1, help="warm-start epochs (default 1)")
+    parser.add_argument("--val-groups", type=int, default=val_groups,
+                        help=f"held-out games each model plays (default {val_groups})")
+    parser.add_argument("--run-dir", default=run_dir,
+                        help="folder of the stage folders (reused: a stopped benchmark resumes)")
+    parser.add_argument("--out", default=out,
+                        help="JSON output path; the plot goes beside it as .png")
+    if keep_checkpoints:
+        parser.add_argument("--keep-checkpoints", action="store_true",
+                            help="keep the checkpoints of the stages this run trains (a later "
+                                 "run then starts from the same warm start file; without it the "
+                                 "warm start is trained again, which on a CPU at threads=1 "
+                                 "repeats bit for bit)")
+    parser.add_argument("overrides", nargs="*", metavar="key=value",
+                        help="config overrides of every stage")
+
+
+def check_stage_arguments(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                          positive: tuple[str, ...] = ()) -> argparse.Namespace:
+    """:func:`add_stage_arguments`' values checked (a bad one is a usage error naming it, with
+    ``positive``: more counts that must be >= 1), and what :class:`Configs` and the stages read
+    from this script's own arguments filled in."""
+    for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", *positive):
+        if getattr(args, name) < 1:
+            parser.error(f"--{name.replace('_', '-')} must be >= 1")
+    if args.minutes <= 0:
+        parser.error("--minutes must be > 0")
+    if args.only_seed and not all(0 <= seed < args.seeds for seed in args.only_seed):
+        parser.error(f"--only-seed must be a training seed of --seeds {args.seeds}: "
+                     f"0..{args.seeds - 1}")
+    args.run_dir = Path(args.run_dir).resolve()
+    args.val_every, args.arms = args.steps, 4
+    args.keep_checkpoints = getattr(args, "keep_checkpoints", False)
+    return args
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="tightBlocksworldTurnsAgent",

@@ -49,11 +49,10 @@ HEALTH = LEARN.HEALTH
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tightBlocksworldTurnsAgent")
-    parser.add_argument("--seeds", type=int, default=3, help="training seeds (default 3)")
-    parser.add_argument("--only-seed", type=int, action="append", default=None, metavar="S",
-                        help="run only training seed S (repeatable)")
+    parser = argparse.ArgumentParser(description=" ".join(__doc__.split("\n\n")[0].split()))
+    LEARN.add_stage_arguments(parser, steps=200, steps_help="most PPO steps (default 200)",
+                              val_groups=64, run_dir="bench_results/pool_runs",
+                              out="bench_results/pool.json", keep_checkpoints=False)
     parser.add_argument("--candidates", type=int, default=48,
                         help="training games tried for the pool (default 48)")
     parser.add_argument("--samples", type=int, default=8,
@@ -67,32 +66,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         help="pool games a PPO step plays (default 4)")
     parser.add_argument("--group-size", type=int, default=8,
                         help="episodes per game and step (default 8)")
-    parser.add_argument("--steps", type=int, default=200, help="most PPO steps (default 200)")
-    parser.add_argument("--minutes", type=float, default=30.0,
-                        help="PPO's training wall budget per seed (default 30)")
-    parser.add_argument("--sft-episodes", type=int, default=192,
-                        help="warm-start demonstrations (default 192, quick_train.sh's)")
-    parser.add_argument("--sft-epochs", type=int, default=1, help="warm-start epochs (default 1)")
-    parser.add_argument("--val-groups", type=int, default=64,
-                        help="held-out games validated at PPO's end (default 64)")
-    parser.add_argument("--run-dir", default="bench_results/pool_runs")
-    parser.add_argument("--out", default="bench_results/pool.json")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides of every stage")
     args = parser.parse_args(argv)
-    for name in ("seeds", "candidates", "samples", "pool_size", "groups", "group_size",
-                 "steps", "sft_episodes", "sft_epochs", "val_groups"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
     if not 0 <= args.min_wins <= args.max_wins <= args.samples:
         parser.error("allowed: 0 <= --min-wins <= --max-wins <= --samples, got "
                      f"{args.min_wins}, {args.max_wins}, {args.samples}")
-    if args.minutes <= 0:
-        parser.error("--minutes must be > 0")
-    args.run_dir = Path(args.run_dir).resolve()
-    # what learn.py's stages read from its own arguments
-    args.val_every, args.arms, args.keep_checkpoints = args.steps, 4, False
-    return args
+    return LEARN.check_stage_arguments(
+        parser, args, positive=("candidates", "samples", "pool_size", "groups", "group_size"))
 
 
 def play(config: Any, seeds: list[int], episodes: int, greedy: bool) -> list[int]:

@@ -49,7 +49,7 @@ from pathlib import Path
 from typing import Any
 
 from agentrl.cli.bench import script_module, write_result
-from agentrl.evaluation.stats import binomial_p, mcnemar, mean_difference, paired_difference
+from agentrl.evaluation.stats import mcnemar, paired_difference, paired_over_seeds
 
 LEARN = script_module(Path(__file__).parent / "learn.py")
 """The warm-start and PPO stages, their configs and stage records (scripts/bench/learn.py)."""
@@ -60,55 +60,24 @@ GOAL = 0.10
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="tightBlocksworldTurnsAgent")
-    parser.add_argument("--seeds", type=int, default=3, help="training seeds (default 3)")
-    parser.add_argument("--only-seed", type=int, action="append", default=None, metavar="S",
-                        help="run only training seed S of the --seeds (repeatable)")
-    parser.add_argument("--steps", type=int, default=16,
-                        help="PPO steps (default 16: ~27 min at ~100 s a step)")
-    parser.add_argument("--minutes", type=float, default=30.0,
-                        help="PPO's training wall budget per seed (default 30)")
+    LEARN.add_stage_arguments(parser, steps=16,
+                              steps_help="PPO steps (default 16: ~27 min at ~100 s a step)",
+                              val_groups=128, run_dir="bench_results/learn_ppo_runs",
+                              out="bench_results/learn_ppo.json")
     parser.add_argument("--groups", type=int, default=4,
                         help="games a PPO step plays (default 4)")
     parser.add_argument("--group-size", type=int, default=8,
                         help="episodes per game and step (default 8)")
-    parser.add_argument("--sft-episodes", type=int, default=192,
-                        help="warm-start demonstrations (default 192, quick_train.sh's)")
-    parser.add_argument("--sft-epochs", type=int, default=1, help="warm-start epochs (default 1)")
-    parser.add_argument("--val-groups", type=int, default=128,
-                        help="held-out games, the same for both models (default 128)")
-    parser.add_argument("--run-dir", default="bench_results/learn_ppo_runs",
-                        help="folder of the stage folders (reused: a stopped benchmark resumes)")
-    parser.add_argument("--out", default="bench_results/learn_ppo.json",
-                        help="JSON output path; the plot goes beside it as .png")
-    parser.add_argument("--keep-checkpoints", action="store_true",
-                        help="keep the checkpoints of the stages this run trains (a --lever added "
-                             "later then starts from the same warm start file; without it the "
-                             "warm start is trained again, which on a CPU at threads=1 repeats "
-                             "bit for bit)")
     parser.add_argument("--lever", action="append", default=[],
                         metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                         help="one more PPO run with these overrides on its PPO stage, compared "
                              "on the same games; repeat for more levers")
-    parser.add_argument("overrides", nargs="*", metavar="key=value",
-                        help="config overrides of every stage")
     args = parser.parse_args(argv)
     args.levers = LEARN.parse_levers(parser, args.lever)
-    for name in ("seeds", "steps", "groups", "group_size", "sft_episodes", "sft_epochs",
-                 "val_groups"):
-        if getattr(args, name) < 1:
-            parser.error(f"--{name.replace('_', '-')} must be >= 1")
-    if args.minutes <= 0:
-        parser.error("--minutes must be > 0")
-    if args.only_seed and not all(0 <= seed < args.seeds for seed in args.only_seed):
-        parser.error(f"--only-seed must be a training seed of --seeds {args.seeds}: "
-                     f"0..{args.seeds - 1}")
     if args.preset == LEARN.BANDIT:
         parser.error(f"--preset {LEARN.BANDIT} has no warm start to compare with; allowed: an "
                      "agent preset")
-    args.run_dir = Path(args.run_dir).resolve()
-    args.val_every, args.arms = args.steps, 4  # what learn.py's stages read from its arguments
-    return args
+    return LEARN.check_stage_arguments(parser, args, positive=("groups", "group_size"))
 
 
 def compared(wins: list[bool], base: list[bool]) -> dict[str, Any]:
@@ -163,16 +132,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
 
 
 def pooled(runs: list[dict[str, Any]], wins_of: Any, base_of: Any) -> dict[str, Any]:
-    """Every seed at once. The held-out games are the same for every training seed, so the games
-    are the independent units: each game's difference averaged over the seeds, their mean and
-    interval, and the sign test of the games the seeds favour one way (``better``) against the
-    other (``worse``)."""
-    per_game = [statistics.fmean(int(won) - int(base) for won, base in seeds)
-                for seeds in zip(*(zip(wins_of(r), base_of(r)) for r in runs))]
-    gain, interval = mean_difference(per_game)
-    better, worse = sum(d > 0 for d in per_game), sum(d < 0 for d in per_game)
-    return {"gain": gain, "gain_ci95": list(interval), "games": len(per_game),
-            "better": better, "worse": worse, "p": binomial_p(better, worse)}
+    """Every seed at once, game by game (:func:`~agentrl.evaluation.stats.paired_over_seeds`)."""
+    return paired_over_seeds([wins_of(r) for r in runs], [base_of(r) for r in runs])
 
 
 def summarize(runs: list[dict[str, Any]]) -> dict[str, Any]:

@@ -23,18 +23,23 @@ def test_gap_closed_is_the_share_of_the_flaws_cost_won_back(bench):
     assert bench.gap_closed(0.2, 0.3, 0.9) is None
 
 
-def test_the_mean_and_the_pooled_tests(bench):
-    def run(clean, flawed, ppo, test):
-        return {"clean": clean, "flawed": flawed, "flawed_ppo": ppo,
-                "mcnemar": {"flawed_ppo_vs_flawed": {"only_a": test[0], "only_b": test[1]},
-                            "flawed_vs_clean": {"only_a": 0, "only_b": 2}}}
+def test_the_mean_and_the_games_compared_over_the_seeds(bench):
+    def run(clean, flawed, ppo):
+        return {"clean": sum(clean) / 2, "flawed": sum(flawed) / 2, "flawed_ppo": sum(ppo) / 2,
+                "wins": {"clean": clean, "flawed": flawed, "flawed_ppo": ppo}}
 
-    mean = bench.summarize([run(0.5, 0.2, 0.5, (4, 1)), run(0.4, 0.3, 0.3, (2, 2))])
-    assert mean["gap"] == pytest.approx(0.2)
-    assert mean["gap_closed"] == pytest.approx((0.4 - 0.25) / (0.45 - 0.25))
-    assert mean["pooled"]["flawed_ppo_vs_flawed"] == {
-        "only_a": 6, "only_b": 3, "p": pytest.approx(bench.binomial_p(6, 3))}
-    assert mean["pooled"]["flawed_vs_clean"]["only_b"] == 4
+    # game 0: PPO won it back on both seeds (one game, not two); game 1: PPO won it on seed 0
+    # and lost it on seed 1, a tie over the seeds
+    runs = [run([True, True], [False, False], [True, True]),
+            run([True, False], [False, True], [True, False])]
+    mean = bench.summarize(runs)
+    assert mean["gap"] == pytest.approx(0.5)
+    assert mean["gap_closed"] == pytest.approx((0.75 - 0.25) / (0.75 - 0.25))
+    test = mean["pooled"]["flawed_ppo_vs_flawed"]
+    assert (test["better"], test["worse"], test["games"]) == (1, 0, 2)
+    assert test["gain"] == pytest.approx(0.5)
+    flaw = mean["pooled"]["flawed_vs_clean"]
+    assert (flaw["better"], flaw["worse"]) == (0, 1) and flaw["gain"] == pytest.approx(-0.5)
 
 
 def test_arguments_are_checked(bench, capsys):
@@ -81,6 +86,9 @@ def test_a_smoke_run_writes_the_json_and_reads_its_stages_back(bench, tmp_path, 
     assert "sft.flawed_first_move=true" in flawed_stage["settings"]["overrides"]
     clean_stage = json.loads((runs / "sft" / "seed_0" / "stage.json").read_text())
     assert "sft.flawed_first_move=true" not in clean_stage["settings"]["overrides"]
+    # the clean warm start's held-out wins are where scripts/bench/ppo_gain.py keeps its sft's
+    clean_wins = json.loads((runs / "paired" / "sft" / "seed_0" / "stage.json").read_text())
+    assert clean_wins["settings"]["model"] == "sft" and clean_wins["wins"] == run["wins"]["clean"]
     assert not list(runs.glob("**/checkpoints"))  # all trained here, pruned
 
     bench.main(smoke_args(tmp_path))  # every stage read back: nothing trains or plays again
