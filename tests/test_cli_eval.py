@@ -233,3 +233,69 @@ def test_the_report_of_the_run_and_of_its_eval_state_the_decoding(tiny_run, tmp_
                  "--out", str(out), "--no-progress"]) == 0
     rows = dict(eval_data(out)["config"]["summary"])
     assert rows["decoding"].startswith("greedy, constrained to valid actions")
+
+
+# -- a verl run folder -----------------------------------------------------------------------------
+def verl_run(root: Path, tiny, steps=(1, 2), weights: bool = True) -> Path:
+    """A run folder as agentrl's verl runs leave it (verl 0.9.1's checkpoint layout): the
+    resolved config, and per step the actor's shards and, in ``actor/huggingface``, the whole
+    model (``hf_model`` saved) or only its config and tokenizer (verl's default)."""
+    import torch
+    import yaml
+
+    from agentrl.config import compose_config
+
+    run = root / "run"
+    run.mkdir(parents=True)
+    config = compose_config(["model=tiny", "val.presets=[banditAgent]", "val.group_num=2"])
+    (run / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+    for step in steps:
+        actor = run / "checkpoints" / f"global_step_{step}" / "actor"
+        actor.mkdir(parents=True)
+        (actor / "fsdp_config.json").write_text('{"world_size": 1}')
+        for kind in ("model", "optim", "extra_state"):
+            torch.save({}, actor / f"{kind}_world_size_1_rank_0.pt")
+        torch.save({}, actor.parent / "data.pt")
+        if weights:
+            for part in tiny:
+                part.save_pretrained(actor / "huggingface")
+        else:
+            tiny[1].save_pretrained(actor / "huggingface")
+            (actor / "huggingface" / "config.json").write_text("{}")
+    (run / "checkpoints" / "latest_checkpointed_iteration.txt").write_text(str(steps[-1]))
+    return run
+
+
+def test_a_verl_run_is_evaluated_from_the_model_its_actor_saved(tiny, tmp_path,
+                                                                one_torch_thread):
+    run = verl_run(tmp_path, tiny)
+    hf = run / "checkpoints" / "global_step_{}" / "actor" / "huggingface"
+    for choice, step in ((None, 2), ("last", 2), ("step_1", 1), ("1", 1)):
+        chosen = [] if choice is None else ["--checkpoint", choice]
+        out = tmp_path / f"eval_{choice}.json"
+        assert main(["eval", "--model", str(run), *chosen, "--max-new-tokens", "4",
+                     "--device", "cpu", "--out", str(out), "--no-progress"]) == 0
+        data = json.loads(out.read_text())
+        assert data["model"]["path"] == str(hf).format(step)
+        # it played as the run validated: the run's presets and games, from its config
+        assert list(data["presets"]) == ["banditAgent"]
+        assert data["presets"]["banditAgent"]["episodes"] == 2
+        assert "config.yaml" in json.dumps(data["decoding"])
+
+
+def test_a_verl_run_without_its_model_or_that_step_says_what_to_do(tiny, tmp_path, capsys):
+    from agentrl.trainers.checkpoint import model_folder
+
+    run = verl_run(tmp_path / "a", tiny)
+    for choice, message in (("step_7", "global_step_7: actor: no readable fsdp_config.json"),
+                            ("first", "checkpoint='first' is not allowed")):
+        with pytest.raises(SystemExit) as exit_info:
+            main(["eval", "--model", str(run), "--checkpoint", choice])
+        assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    bare = verl_run(tmp_path / "b", tiny, weights=False)
+    with pytest.raises(ValueError, match="verl saved no Hugging Face model .*global_step_2.*"
+                                         "model_merger merge --backend fsdp"):
+        model_folder(bare)
+    (bare / "checkpoints" / "global_step_2" / "data.pt").write_bytes(b"cut")  # a kill mid-save
+    with pytest.raises(ValueError, match="global_step_1/actor/huggingface"):
+        model_folder(bare)  # the newest intact step, here step 1

@@ -6,7 +6,8 @@ config its checkpoint stores, so that `agentrl eval --model <run>` and `agentrl 
     settings.decoding.describe(), settings.val_presets, settings.groups
 
 The checkpoint is the one ``--model`` loads (:func:`agentrl.trainers.checkpoint.model_folder`:
-a checkpoint folder, its ``actor/``, or a run folder's best checkpoint, else its newest intact one); its
+a checkpoint folder, its ``actor/``, or a run folder's best checkpoint, else its newest intact
+one; for a verl run, its actor's Hugging Face folder, the config in the run folder); its
 ``config.yaml`` gives the agent presets as the run had them (history windows, prompts), the
 validation presets, games and group size, the decoding (:func:`agentrl.evaluation.decoding.
 run_decoding`) and the engine's batch and prefix-cache sizes.
@@ -46,7 +47,7 @@ class RunSettings:
 def run_settings(model: str) -> RunSettings | None:
     """The settings of the run or checkpoint ``model`` names; None for anything else (a model
     folder, a built-in model, a hub id, a path that loads nothing: loading says why)."""
-    from agentrl.trainers.checkpoint import CONFIG_FILE, model_folder
+    from agentrl.trainers.checkpoint import model_folder
 
     path = Path(model).expanduser()
     if not path.exists():
@@ -55,8 +56,8 @@ def run_settings(model: str) -> RunSettings | None:
         folder = model_folder(path)
     except ValueError:
         return None
-    config_file = folder.parent / CONFIG_FILE
-    if folder.name != "actor" or not config_file.is_file():
+    config_file = _config_file(folder)
+    if config_file is None:
         return None
     config = yaml.safe_load(config_file.read_text()) or {}
     if not isinstance(config, Mapping):
@@ -72,6 +73,19 @@ def run_settings(model: str) -> RunSettings | None:
         group_size=int(val.get("group_size") or 1),
         max_batch=rollout.get("max_batch"),
         prefix_cache_tokens=rollout.get("prefix_cache_tokens"))
+
+
+def _config_file(model: Path) -> Path | None:
+    """The resolved config of the run that saved ``model``: a local checkpoint's ``actor/``
+    has it beside it, a verl checkpoint's actor model in its run folder."""
+    from agentrl.trainers.checkpoint import CONFIG_FILE
+    from agentrl.verl.saved_model import verl_run_of
+
+    run = verl_run_of(model)
+    config_file = (run if run is not None else model.parent) / CONFIG_FILE
+    if (run is None and model.name != "actor") or not config_file.is_file():
+        return None
+    return config_file
 
 
 def _agents(config: Mapping[str, Any]) -> dict[str, Any]:

@@ -494,8 +494,9 @@ def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
     best checkpoint's ``actor/`` (:func:`run_checkpoint`: ``checkpoint`` = best, the default,
     last or step_N; ``agentrl sft``'s ``sft/checkpoints/`` first, else its own
     ``checkpoints/``: ``agentrl train model=<sft run> run_dir=<the same folder>`` then starts
-    from the same model on every relaunch, not from its own PPO checkpoints). ``checkpoint``
-    applies to run folders only. ``ValueError`` saying what ``path`` is and what is allowed."""
+    from the same model on every relaunch, not from its own PPO checkpoints); a verl run
+    folder's actor as a Hugging Face folder (:func:`agentrl.verl.saved_model.verl_model`).
+    ``checkpoint`` applies to run folders only. ``ValueError`` saying what ``path`` is and what is allowed."""
     path = Path(path).expanduser()
     allowed = ("allowed: a model folder (config.json), a checkpoint folder (checkpoints/step_N) "
                "or a run folder with checkpoints/")
@@ -512,6 +513,10 @@ def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
         raise ValueError(f"{path} is a file, not a .gguf model; {allowed}")
     if any((path / name).is_file() for name in MODEL_FILES):
         return path
+    if is_run and _is_verl_run(path):
+        from agentrl.verl.saved_model import verl_model
+
+        return verl_model(path, checkpoint)
     checkpoint_dir = path
     if (path / MARKER).exists():
         if (problem := checkpoint_problem(path)) is not None:
@@ -539,9 +544,21 @@ def chosen_model(model: str, checkpoint: str | None) -> str:
                          f"and --model {model} is not a run folder; allowed: --model <run "
                          "folder>, or no --checkpoint")
     try:
+        if _is_verl_run(path):
+            from agentrl.verl.saved_model import verl_model
+
+            return str(verl_model(path, checkpoint))
         return str(run_checkpoint(path, checkpoint))
     except ValueError as error:
         raise ValueError(f"--checkpoint: {error}") from None
+
+
+def _is_verl_run(run: Path) -> bool:
+    """A run folder verl checkpointed into (``checkpoints/global_step_N``): its model is found
+    by :mod:`agentrl.verl.saved_model`."""
+    from agentrl.verl.saved_model import is_verl_run
+
+    return is_verl_run(run)
 
 
 # --- loading -------------------------------------------------------------------------------

@@ -161,6 +161,9 @@ def _actor(config: TrainConfig) -> dict[str, Any]:
         f"{prefix}.use_kl_loss": a.use_kl_loss,
         f"{prefix}.kl_loss_coef": a.kl_loss_coef,
         f"{prefix}.kl_loss_type": a.kl_loss_type,
+        # + the whole model as a Hugging Face folder (global_step_N/actor/huggingface): what
+        # `agentrl eval <run>` and `play --model <run>` load (agentrl.verl.saved_model)
+        f"{prefix}.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
         # the reference model (built only with a KL term): forward passes only
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu":
             v.log_prob_micro_batch_size_per_gpu,

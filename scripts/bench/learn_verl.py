@@ -30,9 +30,6 @@ MAX_PROMPT_LENGTH = 512
 MAX_RESPONSE_LENGTH = 1024
 """verl's row: the first prompt, then every later token of the episode (replies and
 observations); 6 turns of tightBlocksworldTurnsAgent take ~950 at most (:func:`check_lengths`)."""
-ACTOR_SAVES = ("verl.overrides=['actor_rollout_ref.actor.checkpoint.save_contents="
-               "[model,optimizer,extra,hf_model]']")
-"""The actor's checkpoint with its Hugging Face model: the folder the evaluator loads."""
 PPO_MICRO_BATCH = "actor.micro_batch_size=1"
 """The actor's and critic's rows a forward/backward (cpu-verl's 8 are one): 8 rows of 1,536
 tokens made the critic's update worker 16.9 GB on this CPU, and Ray's memory monitor killed it
@@ -86,11 +83,11 @@ def sft_command(python: str, folder: Path, plan: Plan) -> list[str]:
 def ppo_command(python: str, folder: Path, plan: Plan, model: Path) -> list[str]:
     """``agentrl train``: verl's PPO trainer from ``model`` for ``--steps`` steps, no
     validation (the local evaluator plays the held-out games), one checkpoint at the end with
-    the actor's Hugging Face model, into ``<folder>/ppo``."""
+    the actor's Hugging Face model (every agentrl verl run saves it), into ``<folder>/ppo``."""
     return [python, "-m", "agentrl.cli", "train", *shared_keys(plan), f"model.name={model}",
             f"run_dir={folder / 'ppo'}", f"train.total_steps={plan.steps}",
             f"trainer.save_freq={plan.steps}", "val.test_freq=0", "val.before_train=false",
-            PPO_MICRO_BATCH, ACTOR_SAVES]
+            PPO_MICRO_BATCH]
 
 
 def sft_model(folder: Path) -> Path:

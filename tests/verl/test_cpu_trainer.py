@@ -33,21 +33,16 @@ from agentrl.verl import child_run
 from agentrl.verl.child_run import end_session, survivors, verl_cpu_python
 
 RUN_TIMEOUT_S = 900
-ACTOR_CHECKPOINT = "actor_rollout_ref.actor.checkpoint.save_contents"
-SAVED = "model,optimizer,extra,hf_model"
-"""What each actor checkpoint holds: verl's defaults and the Hugging Face model, whose weights
-show where the run started from."""
 
 
 def train_command(python: str, run_dir: Path, steps: int, model: Path) -> list[str]:
     """The smallest verl run, from the ``model=tiny_vllm`` model folder ``model`` (an SFT
     checkpoint's): one group of 2 bandit episodes a step, a checkpoint every step (the actor's
-    with its Hugging Face model), no validation, replies constrained to well-formed answers,
-    WandB offline, the learning-curve PNG at the end."""
+    with its Hugging Face model, as every agentrl verl run saves it), no validation, replies
+    constrained to well-formed answers, WandB offline, the learning-curve PNG at the end."""
     return [python, "-m", "agentrl.cli", "train", "hardware=cpu-verl", "model=tiny_vllm",
-            f"model.name={model}", f"verl.overrides=['{ACTOR_CHECKPOINT}=[{SAVED}]']",
-            f"run_dir={run_dir}", f"train.total_steps={steps}", "trainer.save_freq=1",
-            "train.presets=[banditAgent]", "val.presets=[banditAgent]",
+            f"model.name={model}", f"run_dir={run_dir}", f"train.total_steps={steps}",
+            "trainer.save_freq=1", "train.presets=[banditAgent]", "val.presets=[banditAgent]",
             "train.group_num=1", "train.group_size=2", "val.test_freq=0",
             "val.before_train=false", "rollout.max_new_tokens=16",
             "trainer.logger=[console,wandb]", "trainer.wandb_mode=offline",
@@ -146,6 +141,16 @@ def assert_run_folder(run_dir: Path, preset: str, steps: list[int], val_steps: l
     assert splits == ({"train", "val"} if val_steps else set())
     assert all(record["preset"] == preset and record["turns"]
                for records in episodes.values() for record in records)
+    # `agentrl eval` of the run folder: its last actor, the Hugging Face model verl saved
+    out = run_dir.parent / "eval.json"
+    played = subprocess.run([sys.executable, "-m", "agentrl.cli", "eval", "--model",
+                             str(run_dir), "--groups", "1", "--max-new-tokens", "8",
+                             "--out", str(out), "--no-progress"], capture_output=True, text=True)
+    assert played.returncode == 0, played.stderr[-4000:]
+    evaluated = json.loads(out.read_text())
+    assert evaluated["model"]["path"] == str(run_dir / "checkpoints" / f"global_step_{steps[-1]}"
+                                             / "actor" / "huggingface")
+    assert list(evaluated["presets"]) == [preset]
 
 
 LEGACY_TEARDOWN = "Exception ignored in: <function Tracking.__del__"
