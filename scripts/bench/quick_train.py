@@ -11,14 +11,16 @@ in the working folder, then summarizes its run folder: ``runs/<PROJECT>/<EXPERIM
 ``run_dir=`` override names. A folder holding ``metrics.jsonl`` is refused: quick_train.sh
 would resume that run, not start one.
 
-From ``<run>/metrics.jsonl``: held-out success at each validated step (``val/<preset>/success``
-and ``/episodes``, pooled over presets) with wins and its 95% Wilson interval; each PPO step's
-training success, ``actor/entropy`` and ``timing/step_s``. The warm start is the steps that
-logged ``sft/loss``. Minutes: the warm start's and PPO's summed ``timing/step_s`` (training
-alone), and the wall from ``run.json``'s ``created`` (after set-up and model loading) to the last
-row. The seed is the newest checkpoint's. ``--machine`` defaults to this machine (CPU, cores,
-memory, 1-minute load average at the end): with ``--from-run``, name the one that trained. JSON
-goes to ``--out`` (:func:`agentrl.cli.bench.write_result`), the plot beside it (``.png``).
+From ``<run>/metrics.jsonl`` (a local or a verl run's, each step's rows merged): held-out
+success at each validated step (``val/<preset>/success`` and ``/episodes``, pooled over presets)
+with wins and its 95% Wilson interval; each PPO step's training success, ``actor/entropy`` and
+``timing/step_s`` (verl's ``timing_s/step``). The warm start is the steps that logged
+``sft/loss``. Minutes: the warm start's and PPO's summed step times (training alone), and the
+wall from ``run.json``'s ``created`` (after set-up and model loading) to the last row. The seed
+is the newest checkpoint's (a verl run's: its config's). ``--machine`` defaults to this machine
+(CPU, cores, memory, 1-minute load average at the end): with ``--from-run``, name the one that
+trained. JSON goes to ``--out`` (:func:`agentrl.cli.bench.write_result`), the plot beside it
+(``.png``).
 
 Expected time: the default run 20-25 min after set-up on 2 CPU cores (2026-11-27: warm start 12.2,
 PPO 4.9, wall 19.8 min at load ~2); ``--from-run`` a few seconds.
@@ -48,6 +50,8 @@ from agentrl.trainers.checkpoint import latest_checkpoint
 from agentrl.trainers.tracking import METRICS_FILE, RUN_FILE, read_metrics
 
 ROOT = Path(__file__).resolve().parents[2]
+VERL_STEP_S = "timing_s/step"
+"""A verl step's seconds (the local engine's ``timing/step_s``)."""
 HELD_OUT = "{} val games, instance-disjoint from training (agentrl.envs.splits: instance partition)"
 
 
@@ -133,13 +137,14 @@ def summarize(run: Path, *, what: str, name: str, machine: str) -> dict[str, Any
     path = run / METRICS_FILE
     if not path.exists():
         raise SystemExit(f"{path} not found: {run} is no run folder (no metrics.jsonl)")
-    records = read_metrics(path)
+    records = by_step(read_metrics(path))
     val = [v for v in map(validation, records) if v]
     if not val:
         raise SystemExit(f"{path} has no validation rows (no val/<preset>/success with "
                          "val/<preset>/episodes): was validation off (val.test_freq=0)?")
     warm_end = max((r["step"] for r in records if "sft/loss" in r), default=0)
-    timed = [r for r in records if r.get("timing/step_s") is not None]
+    timed = [{**r, "timing/step_s": step_s} for r in records
+             if (step_s := r.get("timing/step_s", r.get(VERL_STEP_S))) is not None]
     ppo = [{"step": r["step"], "success": pooled(r, "train")[0], "entropy": r.get("actor/entropy"),
             "step_s": r["timing/step_s"]} for r in timed if r["step"] > warm_end]
     last = datetime.datetime.fromtimestamp(records[-1]["time"])
@@ -149,6 +154,15 @@ def summarize(run: Path, *, what: str, name: str, machine: str) -> dict[str, Any
             "ppo_step_minutes": minutes(r for r in timed if r["step"] > warm_end),
             "wall_minutes": wall_minutes(run, last), "machine": machine,
             "warm_start_end": warm_end}
+
+
+def by_step(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One record per step, its rows merged in the order written: a verl run logs a step in
+    several (its rollouts' ``train/<preset>/...``, verl's own ``timing_s/step``, validation)."""
+    merged: dict[int, dict[str, Any]] = {}
+    for record in records:
+        merged.setdefault(record["step"], {}).update(record)
+    return [merged[step] for step in sorted(merged)]
 
 
 def decoding(run: Path) -> str | None:
@@ -192,10 +206,13 @@ def wall_minutes(run: Path, last: datetime.datetime) -> float | None:
 
 
 def seed(run: Path) -> int | None:
-    """The training seed in the newest checkpoint's config (metrics.jsonl does not hold it)."""
+    """The training seed in the newest checkpoint's config, else the run's (a verl run keeps
+    its config in the run folder); metrics.jsonl does not hold it."""
     checkpoint = latest_checkpoint(run)
     config = checkpoint / "config.yaml" if checkpoint else None
-    return yaml.safe_load(config.read_text()).get("seed") if config and config.exists() else None
+    if config and config.exists():
+        return yaml.safe_load(config.read_text()).get("seed")
+    return (run_config(run) or {}).get("seed")
 
 
 def this_machine() -> str:

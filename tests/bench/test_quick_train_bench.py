@@ -86,6 +86,29 @@ def test_from_run_writes_the_evidence_shape_and_a_plot(bench, run, tmp_path):
     assert out.with_suffix(".png").stat().st_size > 0
 
 
+def test_a_verl_runs_folder_is_summarized_from_its_rows_of_each_step(bench, tmp_path):
+    """A verl run logs a step in several rows (its rollouts', verl's own with ``timing_s/step``,
+    validation's) and keeps its config, seed included, in the run folder."""
+    import yaml
+
+    run = tmp_path / "verl_run"
+    (run / "checkpoints" / "global_step_2" / "actor").mkdir(parents=True)
+    (run / "config.yaml").write_text(yaml.safe_dump({"seed": 7}))
+    rows = [{"step": 0, **val(0.125)},
+            *({"step": step, f"train/{PRESET}/success": success,
+               f"train/{PRESET}/episodes": 8.0} for step, success in ((1, 0.25), (2, 0.5))),
+            *({"step": step, "timing_s/step": seconds, "actor/entropy": 0.3,
+               "training/global_step": step} for step, seconds in ((1, 120.0), (2, 60.0))),
+            {"step": 2, **val(0.375)}]
+    (run / "metrics.jsonl").write_text("".join(
+        json.dumps({"time": START + 60 * i, **row}) + "\n" for i, row in enumerate(rows)))
+    summary = bench.summarize(run, what="w", name="n", machine="m")
+    assert [(v["step"], v["wins"]) for v in summary["val"]] == [(0, 4), (2, 12)]
+    assert [(p["step"], p["success"], p["step_s"], p["entropy"])
+            for p in summary["ppo_steps"]] == [(1, 0.25, 120.0, 0.3), (2, 0.5, 60.0, 0.3)]
+    assert summary["ppo_step_minutes"] == 3.0 and summary["seed"] == 7
+
+
 def test_an_existing_evidence_file_is_not_overwritten(bench, run, tmp_path):
     out = tmp_path / "quick.json"
     out.write_text("{}")

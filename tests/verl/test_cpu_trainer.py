@@ -151,6 +151,16 @@ def assert_run_folder(run_dir: Path, preset: str, steps: list[int], val_steps: l
     assert evaluated["model"]["path"] == str(run_dir / "checkpoints" / f"global_step_{steps[-1]}"
                                              / "actor" / "huggingface")
     assert list(evaluated["presets"]) == [preset]
+    if val_steps:  # the default run's evidence, from a verl run's folder
+        summary = run_dir.parent / "quick.json"
+        script = Path(__file__).resolve().parents[2] / "scripts" / "bench" / "quick_train.py"
+        summarized = subprocess.run([sys.executable, str(script),
+                                     "--from-run", str(run_dir), "--out", str(summary)],
+                                    capture_output=True, text=True)
+        assert summarized.returncode == 0, summarized.stderr[-4000:]
+        (evidence,) = json.loads(summary.read_text())["runs"]
+        assert [s["step"] for s in evidence["ppo_steps"]] == steps
+        assert [v["step"] for v in evidence["val"]] == val_steps
 
 
 LEGACY_TEARDOWN = "Exception ignored in: <function Tracking.__del__"
