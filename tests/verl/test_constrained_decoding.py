@@ -19,7 +19,7 @@ import torch
 from verl_fakes import ScriptedGame, dataset_batch, legacy_batch, task_row, verl_config
 
 from agentrl.agents import load_agent_presets
-from agentrl.cli.doctor import bare_engine
+from agentrl.verl.layout_check import bare_engine
 from agentrl.agents.grammar import AnswerGrammar
 from agentrl.engines import BatchingLLM, SamplingParams
 from agentrl.engines.constrained import TokenMask, TokenTexts

@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 from verl_runs import cpu_sft_config, weight_distance
 
-from agentrl.cli import doctor
+from agentrl.verl import doctor_rows
 from agentrl.verl import child_run
 from agentrl.verl.child_run import end_session, survivors, verl_cpu_python
 
@@ -227,10 +227,10 @@ def test_verls_trainer_from_its_sft_model_killed_mid_step_resumes_on_cpu(tmp_pat
     # each step once: the step logged after the checkpoint, before the kill, was redone
     assert train_steps(run_dir / "metrics.jsonl") == [1, 2, 3]
     # the doctor's constrained row on this run (agentrl doctor's CPU rows are these runs')
-    run = doctor.StageResult("constrained", ran=True, steps={**before, **after},
+    run = doctor_rows.StageResult("constrained", ran=True, steps={**before, **after},
                              records=train_records(run_dir / "metrics.jsonl"))
-    row = doctor.constrained_row(run, 3, reference=None)
-    assert row.status == doctor.PASS, row
+    row = doctor_rows.constrained_row(run, 3, reference=None)
+    assert row.status == doctor_rows.PASS, row
     for record in train_records(run_dir / "metrics.jsonl"):  # the SFT'd random model, constrained
         assert record["train/banditAgent/format_error"] == 0.0
     assert_started_from(sft, run_dir, first_out)
@@ -280,9 +280,9 @@ def test_verls_v1_trainer_with_context_windows_killed_mid_step_resumes_on_cpu(tm
     assert resumed == [str(saved)] == ["1"], second_out[-8000:]
     before, after = child_run.console_steps(first_out), child_run.console_steps(second_out)
     assert sorted(before) == [1] and sorted(after) == [2]  # each step logged once
-    row = doctor.v1_row(doctor.StageResult("v1", ran=True, steps={**before, **after},
+    row = doctor_rows.v1_row(doctor_rows.StageResult("v1", ran=True, steps={**before, **after},
                                             log=first_out), 2, episodes=2)
-    assert row.status == doctor.PASS, row  # the doctor's V1 row on this run
+    assert row.status == doctor_rows.PASS, row  # the doctor's V1 row on this run
     for step in (before[1], after[2]):
         assert step["training/rollout_probs_diff_max"] < 1e-3  # the masks reach the actor
         rows = step["perf/total_num_tokens"] / (step["prompt_length/mean"]

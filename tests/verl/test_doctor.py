@@ -1,8 +1,9 @@
-"""`agentrl doctor` (agentrl/cli/doctor.py): each row passes on a healthy record and fails on the
-record of the defect it checks; the table and exit status from a doctor's folder; the stages'
-configs pass verl's own checks on every GPU preset and on the CPU; use_remove_padding's
-comparison through verl's engine fails when one layout's masks are misplaced. The CPU rows on
-verl's real trainers: tests/verl/test_cpu_trainer.py checks its runs with them."""
+"""`agentrl doctor` (agentrl/cli/doctor.py; its rows: agentrl/verl/doctor_rows.py): each row
+passes on a healthy record and fails on the record of the defect it checks; the table and exit
+status from a doctor's folder; the stages' configs pass verl's own checks on every GPU preset
+and on the CPU; use_remove_padding's comparison through verl's engine fails when one layout's
+masks are misplaced. The CPU rows on verl's real trainers: tests/verl/test_cpu_trainer.py checks
+its runs with them."""
 
 from __future__ import annotations
 
@@ -15,7 +16,20 @@ import pytest
 import torch
 
 from agentrl.cli import doctor
-from agentrl.cli.doctor import FAIL, PASS, SKIP, StageResult
+from agentrl.verl import layout_check
+from agentrl.verl.doctor_rows import (
+    FAIL,
+    PASS,
+    SKIP,
+    Row,
+    StageResult,
+    constrained_row,
+    cut_episodes_row,
+    legacy_row,
+    logprobs_row,
+    memory_row,
+    v1_row,
+)
 from agentrl.verl.preflight import MemoryEstimate
 
 
@@ -35,54 +49,52 @@ def violations(*counts: float) -> list[dict]:
 
 # -- the rows --------------------------------------------------------------------------------------
 def test_the_legacy_row_fails_on_a_sampler_off_the_trainer_or_a_missing_step():
-    assert doctor.legacy_row(stage("legacy", {1: step(), 2: step(), 3: step()}), 3).status == PASS
-    off = doctor.legacy_row(stage("legacy", {1: step(), 2: step(top=0.9, mean=0.05),
-                                             3: step()}), 3)
+    assert legacy_row(stage("legacy", {1: step(), 2: step(), 3: step()}), 3).status == PASS
+    off = legacy_row(stage("legacy", {1: step(), 2: step(top=0.9, mean=0.05), 3: step()}), 3)
     assert off.status == FAIL and "another distribution" in off.detail
-    missing = doctor.legacy_row(stage("legacy", {1: step(), 2: step()}), 3)
+    missing = legacy_row(stage("legacy", {1: step(), 2: step()}), 3)
     assert missing.status == FAIL and "expected 1..3" in missing.detail
-    unlogged = doctor.legacy_row(stage("legacy", {1: {}, 2: {}}), 2)
+    unlogged = legacy_row(stage("legacy", {1: {}, 2: {}}), 2)
     assert unlogged.status == FAIL and "not logged" in unlogged.detail
 
 
 def test_the_legacy_row_reports_a_run_that_failed_or_was_not_started():
     failed = StageResult("legacy", ran=True, error="agentrl train exited 1")
-    assert doctor.legacy_row(failed, 3) == doctor.Row(doctor.legacy_row(failed, 3).name, FAIL,
-                                                      "agentrl train exited 1")
-    assert doctor.legacy_row(StageResult("legacy", ran=False, error="no vLLM"), 3).status == SKIP
+    assert legacy_row(failed, 3) == Row(legacy_row(failed, 3).name, FAIL,
+                                        "agentrl train exited 1")
+    assert legacy_row(StageResult("legacy", ran=False, error="no vLLM"), 3).status == SKIP
 
 
 def test_the_constrained_row_fails_on_a_violation_or_a_wider_gap_than_unconstrained():
     reference = stage("legacy", {1: step(mean=1e-3), 2: step(mean=1e-3)})
     clean = stage("constrained", {1: step(mean=1.5e-3), 2: step(mean=1e-3)},
                   records=violations(0, 0))
-    assert doctor.constrained_row(clean, 2, reference).status == PASS
+    assert constrained_row(clean, 2, reference).status == PASS
     violated = stage("constrained", clean.steps, records=violations(0, 1))
-    row = doctor.constrained_row(violated, 2, reference)
+    row = constrained_row(violated, 2, reference)
     assert row.status == FAIL and "1 replies left their masks" in row.detail
     wider = stage("constrained", {1: step(mean=9e-3), 2: step()}, records=violations(0, 0))
-    row = doctor.constrained_row(wider, 2, reference)
+    row = constrained_row(wider, 2, reference)
     assert row.status == FAIL and "the trainer's masks are not the sampler's" in row.detail
-    assert doctor.constrained_row(wider, 2, None).status == PASS  # the limits alone
+    assert constrained_row(wider, 2, None).status == PASS  # the limits alone
     unrecorded = stage("constrained", clean.steps, records=[{"step": 1}, {"step": 2}])
-    assert "constraint_violations recorded for steps []" in doctor.constrained_row(
+    assert "constraint_violations recorded for steps []" in constrained_row(
         unrecorded, 2, reference).detail
 
 
 def test_the_cut_episode_row_fails_on_a_bootstrapped_return():
     ended = [{"step": s, "rows": [{"value": 0.3 * s, "reward": -1.0, "return": -1.0}]}
              for s in (1, 2, 3)]
-    row = doctor.cut_episodes_row(stage("legacy", {}, cut=ended), 3)
+    row = cut_episodes_row(stage("legacy", {}, cut=ended), 3)
     assert row.status == PASS and "step 3: V +0.900" in row.detail
     # the old rule: the return at the last model token was r_T + V_T
     bootstrapped = [{"step": s, "rows": [{"value": v, "reward": -1.0, "return": -1.0 + v}]}
                     for s, v in ((1, 0.2), (2, -0.8), (3, -1.7))]
-    row = doctor.cut_episodes_row(stage("legacy", {}, cut=bootstrapped), 3)
+    row = cut_episodes_row(stage("legacy", {}, cut=bootstrapped), 3)
     assert row.status == FAIL and "bootstrapped" in row.detail
     uncut = [{"step": s, "rows": []} for s in (1, 2, 3)]
-    assert "no episode was cut" in doctor.cut_episodes_row(stage("legacy", {}, cut=uncut),
-                                                           3).detail
-    assert doctor.cut_episodes_row(stage("legacy", {}, cut=[]), 3).status == FAIL
+    assert "no episode was cut" in cut_episodes_row(stage("legacy", {}, cut=uncut), 3).detail
+    assert cut_episodes_row(stage("legacy", {}, cut=[]), 3).status == FAIL
 
 
 def test_the_memory_row_fails_above_the_estimate_and_skips_on_a_cpu():
@@ -91,39 +103,38 @@ def test_the_memory_row_fails_above_the_estimate_and_skips_on_a_cpu():
     healthy = stage("legacy", {s: step(**{"critic/perf/max_memory_reserved_gb": 18 * gib,
                                           "actor/perf/max_memory_reserved_gb": 28 * gib})
                                for s in (1, 2)}, gpu_peak_gb=55.0)
-    row = doctor.memory_row(healthy, estimate, "cuda")
+    row = memory_row(healthy, estimate, "cuda")
     assert row.status == PASS and "after the actor's update 28.0 GB (estimate 30.0)" in row.detail
     over = stage("legacy", {1: healthy.steps[1], 2: step(
         **{"actor/perf/max_memory_reserved_gb": 33 * gib})}, gpu_peak_gb=55.0)
-    row = doctor.memory_row(over, estimate, "cuda")
+    row = memory_row(over, estimate, "cuda")
     assert row.status == FAIL and "after the actor's update" in row.detail
     card = stage("legacy", healthy.steps, gpu_peak_gb=71.0)
-    assert "whole GPU" in doctor.memory_row(card, estimate, "cuda").detail.split(":")[0]
-    assert doctor.memory_row(healthy, estimate, "cpu").status == SKIP
-    assert doctor.memory_row(healthy, None, "cuda", "no sizes").status == SKIP
+    assert "whole GPU" in memory_row(card, estimate, "cuda").detail.split(":")[0]
+    assert memory_row(healthy, estimate, "cpu").status == SKIP
+    assert memory_row(healthy, None, "cuda", "no sizes").status == SKIP
     unlogged = stage("legacy", {1: step(), 2: step()})
-    assert doctor.memory_row(unlogged, estimate, "cuda").status == FAIL
+    assert memory_row(unlogged, estimate, "cuda").status == FAIL
 
 
 def test_the_v1_row_needs_the_v1_trainer_and_a_row_per_turn():
     rows = {"perf/total_num_tokens": 1000.0, "prompt_length/mean": 100.0,
             "response_length/mean": 25.0}  # 8 rows
     log = "(TaskRunnerV1 pid=1) ..."
-    assert doctor.v1_row(stage("v1", {1: step(**rows), 2: step(**rows)}, log=log), 2,
-                         4).status == PASS
+    assert v1_row(stage("v1", {1: step(**rows), 2: step(**rows)}, log=log), 2, 4).status == PASS
     one_row_each = stage("v1", {1: step(**rows), 2: step(**rows)}, log=log)
-    assert doctor.v1_row(one_row_each, 2, 8).status == FAIL
+    assert v1_row(one_row_each, 2, 8).status == FAIL
     legacy = stage("v1", {1: step(**rows), 2: step(**rows)}, log="(TaskRunner pid=1)")
-    assert "TaskRunnerV1" in doctor.v1_row(legacy, 2, 4).detail
+    assert "TaskRunnerV1" in v1_row(legacy, 2, 4).detail
 
 
 def test_the_logprob_row_fails_when_the_layouts_disagree():
     check = {"max_abs_diff": 2e-3, "max_abs_logprob_diff": 4e-3, "tokens": 40, "rows": 4,
              "masked": 4}
-    assert doctor.logprobs_row(check).status == PASS
-    assert doctor.logprobs_row({**check, "max_abs_diff": 0.3}).status == FAIL
-    assert doctor.logprobs_row({**check, "max_abs_diff": float("nan")}).status == FAIL
-    assert doctor.logprobs_row(None, "needs a GPU").status == SKIP
+    assert logprobs_row(check).status == PASS
+    assert logprobs_row({**check, "max_abs_diff": 0.3}).status == FAIL
+    assert logprobs_row({**check, "max_abs_diff": float("nan")}).status == FAIL
+    assert logprobs_row(None, "needs a GPU").status == SKIP
 
 
 # -- the command -----------------------------------------------------------------------------------
@@ -181,7 +192,7 @@ def test_a_stage_not_started_says_why(tmp_path):
     for suffix in ("log", "json"):
         (folder / f"v1.{suffix}").unlink()
     (folder / "v1.skipped").write_text("verl.trainer=v1 needs TransferQueue")
-    row = doctor.v1_row(StageResult.read(folder, "v1"), 2, 4)
+    row = v1_row(StageResult.read(folder, "v1"), 2, 4)
     assert row.status == SKIP and "TransferQueue" in row.detail
 
 
@@ -268,13 +279,13 @@ def test_packed_and_padded_masked_logprobs_agree_and_fail_on_a_misplaced_mask(ti
 
     model, tokenizer = tiny
     batch = probe_batch(tokenizer)
-    check = doctor.compare_remove_padding(Varlen(model), batch, temperature=1.0)
+    check = layout_check.compare_remove_padding(Varlen(model), batch, temperature=1.0)
     assert check["rows"] == 3 and check["masked"] == 1
-    assert doctor.logprobs_row(check).status == PASS, check
+    assert logprobs_row(check).status == PASS, check
     # the constrained first row's masked distribution differs from the free one
-    masked = doctor.masked_logprobs(Varlen(model), batch, False, 1.0)
-    free = batch.select(batch_keys=list(doctor.PROBE_COLUMNS), non_tensor_batch_keys=[])
-    assert (masked[0, 0] - doctor.masked_logprobs(model, free, False, 1.0)[0, 0]).abs() > 1e-3
+    masked = layout_check.masked_logprobs(Varlen(model), batch, False, 1.0)
+    free = batch.select(batch_keys=list(layout_check.PROBE_COLUMNS), non_tensor_batch_keys=[])
+    assert (masked[0, 0] - layout_check.masked_logprobs(model, free, False, 1.0)[0, 0]).abs() > 1e-3
     # packed rows' masks one position late: the engine's packed offsets off verl's slice
     ends = masked_engine._sequence_ends
 
@@ -283,7 +294,7 @@ def test_packed_and_padded_masked_logprobs_agree_and_fail_on_a_misplaced_mask(ti
         return ([end + 1 for end in found] if logits.shape[0] == 1 else found), responses
 
     monkeypatch.setattr(masked_engine, "_sequence_ends", late_when_packed)
-    row = doctor.logprobs_row(doctor.compare_remove_padding(Varlen(model), batch, 1.0))
+    row = logprobs_row(layout_check.compare_remove_padding(Varlen(model), batch, 1.0))
     assert row.status == FAIL and "the layouts disagree" in row.detail
 
 
