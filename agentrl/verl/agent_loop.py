@@ -118,7 +118,7 @@ from agentrl.verl.episode_task import (
     row_index,
 )
 from agentrl.verl.episodes import LOG_EPISODES_KEY, VerlEpisodeLog
-from agentrl.verl.metrics import EpisodeMetricsLog
+from agentrl.verl.metrics import EpisodeMetricsLog, finish_tracking_after
 from agentrl.verl.returns import patch_compute_advantage
 from agentrl.verl.rows import (
     EPISODE_INFO,
@@ -380,6 +380,7 @@ class GameAgentLoopManager(AgentLoopManager):
             check_masked_engine(self.config.actor_rollout_ref.actor.strategy)
         self.episode_metrics = EpisodeMetricsLog.for_verl(self.config)
         self.episode_log = VerlEpisodeLog.for_verl(self.config)
+        finish_tracking_after(self.config.trainer.total_training_steps)  # ends without a traceback
 
     @auto_await
     async def generate_sequences(self, prompts: DataProto) -> DataProto:

@@ -62,8 +62,8 @@ from agentrl.trainers.tracking import (
 )
 
 __all__ = ["CONSTRAINT_VIOLATIONS", "SPLITS", "VERL_LOG_ENV", "EpisodeMetricsLog",
-           "batch_metrics", "episode_outcomes", "finish_wandb_at_exit", "ingest_verl_log",
-           "read_verl_log", "record_kind", "verl_log_path", "verl_run_outputs"]
+           "batch_metrics", "episode_outcomes", "finish_tracking_after", "finish_wandb_at_exit",
+           "ingest_verl_log", "read_verl_log", "record_kind", "verl_log_path", "verl_run_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -201,6 +201,29 @@ def finish_wandb_at_exit() -> None:
     if not _FINISH_AT_EXIT:
         atexit.register(_finish_wandb)
         _FINISH_AT_EXIT.append(True)
+
+
+def finish_tracking_after(last_step: int) -> None:
+    """verl's ``Tracking`` finished right after it logs step ``last_step`` (the run's last).
+
+    Why: the legacy trainer finishes its ``Tracking`` (and with it WandB's run) only when the
+    object is collected, and in its Ray actor that happens as the actor is torn down, after
+    WandB's service went with it: ``wandb.finish`` fails on the closed connection and a
+    successful run ends on ``Exception ignored in ... Tracking.__del__``. Finished after the
+    last step's log, the run ends while WandB still runs; ``Tracking.finish`` runs once, so its
+    ``__del__`` (and V1's own call) then does nothing. Called in the TaskRunner, where the
+    trainer logs (by ``GameAgentLoopManager``)."""
+    from verl.utils.tracking import Tracking
+
+    log_step = getattr(Tracking.log, "__wrapped_by_agentrl__", Tracking.log)
+
+    def log(self: Any, data: Any, step: int, backend: Any = None) -> None:
+        log_step(self, data=data, step=step, backend=backend)
+        if step >= last_step:
+            self.finish()
+
+    log.__wrapped_by_agentrl__ = log_step
+    Tracking.log = log
 
 
 def _finish_wandb() -> None:

@@ -163,18 +163,9 @@ def assert_run_folder(run_dir: Path, preset: str, steps: list[int], val_steps: l
         assert [v["step"] for v in evidence["val"]] == val_steps
 
 
-LEGACY_TEARDOWN = "Exception ignored in: <function Tracking.__del__"
-"""The legacy trainer's WandB teardown when verl's Tracking is collected after WandB's service
-stopped: still printed at the end of a successful legacy run (open), so that block is left
-out of the legacy run's check; anything before it must be quiet."""
-
-
-def assert_ends_quietly(output: str, *, legacy: bool = False) -> None:
-    """A run that succeeded ends without a traceback (verl's WandB teardown included, but for
-    :data:`LEGACY_TEARDOWN` on the legacy trainer)."""
+def assert_ends_quietly(output: str) -> None:
+    """A run that succeeded ends without a traceback (verl's WandB teardown included)."""
     tail = output[output.rfind("step:"):]
-    if legacy:
-        tail = tail.split(LEGACY_TEARDOWN)[0]
     assert "Traceback" not in tail and "Exception ignored" not in tail, tail[-6000:]
 
 
@@ -235,7 +226,7 @@ def test_verls_trainer_from_its_sft_model_killed_mid_step_resumes_on_cpu(tmp_pat
         assert record["train/banditAgent/format_error"] == 0.0
     assert_started_from(sft, run_dir, first_out)
     assert_run_folder(run_dir, "banditAgent", [1, 2, 3], val_steps=[])
-    assert_ends_quietly(second_out, legacy=True)
+    assert_ends_quietly(second_out)
 
 
 def assert_started_from(sft: Path, run_dir: Path, first_out: str) -> None:

@@ -269,3 +269,27 @@ def test_agentrl_report_reads_a_verl_run_folder_like_a_local_one(tmp_path):
     assert series["train/p/success"] == [[1, 0.5], [2, 1]]
     assert data["presets"] == ["p"] and sorted(data["episodes"]) == ["1", "2"]
     assert {r["split"] for r in data["episodes"]["2"]} == {"train", "val"}
+
+
+def test_verls_tracking_is_finished_right_after_it_logs_the_last_step(tmp_path, monkeypatch):
+    """The legacy trainer's Tracking, finished when it logs the run's last step (its
+    ``__del__`` then does nothing), not when the TaskRunner's actor is torn down."""
+    from verl.utils.tracking import FileLogger, Tracking
+
+    from agentrl.verl.metrics import finish_tracking_after
+
+    monkeypatch.setenv("VERL_FILE_LOGGER_PATH", str(tmp_path / "tracking.jsonl"))
+    monkeypatch.setattr(Tracking, "log", Tracking.log)  # the class as it was, after the test
+    finished = []
+    monkeypatch.setattr(FileLogger, "finish", lambda self: finished.append(True))
+    finish_tracking_after(3)
+    finish_tracking_after(2)  # called again (a second manager): one wrapper, the last bound
+    tracking = Tracking("p", "e", default_backend=["file"], config={})
+    tracking.log({"actor/pg_loss": 0.5}, step=1)
+    assert not getattr(tracking, "_finished", False) and finished == []
+    tracking.log({"actor/pg_loss": 0.4}, step=2)
+    assert tracking._finished and finished == [True]
+    tracking.__del__()  # collected later: nothing more
+    assert finished == [True]
+    logged = [json.loads(line)["step"] for line in (tmp_path / "tracking.jsonl").open()]
+    assert logged == [1, 2]
