@@ -299,3 +299,13 @@ def test_a_verl_run_without_its_model_or_that_step_says_what_to_do(tiny, tmp_pat
     (bare / "checkpoints" / "global_step_2" / "data.pt").write_bytes(b"cut")  # a kill mid-save
     with pytest.raises(ValueError, match="global_step_1/actor/huggingface"):
         model_folder(bare)  # the newest intact step, here step 1
+
+
+def test_a_verl_run_started_from_an_sft_run_in_its_folder_still_starts_from_it(tiny, tmp_path):
+    """`agentrl sft` then `agentrl train model=<run> run_dir=<run>`: the SFT checkpoint stays
+    the run's starting model after verl saved steps beside it (a relaunch starts the same)."""
+    from agentrl.trainers.checkpoint import model_folder
+
+    run = verl_run(tmp_path, tiny)
+    sft = save_checkpoint(run / "sft", 1, models={"actor": tiny})
+    assert model_folder(run) == sft / "actor"

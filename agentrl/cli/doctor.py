@@ -26,8 +26,9 @@ steps of a windowed preset: a row per turn). The rows:
   gap no larger than unconstrained (:func:`~agentrl.verl.doctor_rows.constrained_row`).
 - **use_remove_padding**: the first constrained batch (saved by the trainer's probe,
   :data:`agentrl.verl.returns.PROBE_ENV`) through verl's engine with the masks, packed (on)
-  and padded (off): the masked probabilities must agree (``LAYOUT_PROBS_DIFF``,
-  :mod:`agentrl.verl.layout_check`). Packing needs flash-attn's varlen attention, so a GPU.
+  and padded (off): the masked probabilities must agree (``LAYOUT_PROBS_DIFF`` of
+  :mod:`agentrl.verl.doctor_rows`; the check: :mod:`agentrl.verl.layout_check`). Packing needs
+  flash-attn's varlen attention, so a GPU.
 - **cut episodes**: over the legacy run's steps, at the last model token of each episode the
   budget cut, the critic's value, the reward and the GAE return; the return must be the reward
   (a cut episode ends where it is cut, nothing bootstrapped: :mod:`agentrl.verl.returns`).

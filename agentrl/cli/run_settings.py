@@ -79,7 +79,7 @@ def _config_file(model: Path) -> Path | None:
     """The resolved config of the run that saved ``model``: a local checkpoint's ``actor/``
     has it beside it, a verl checkpoint's actor model in its run folder."""
     from agentrl.trainers.checkpoint import CONFIG_FILE
-    from agentrl.verl.saved_model import verl_run_of
+    from agentrl.trainers.verl_checkpoints import verl_run_of
 
     run = verl_run_of(model)
     config_file = (run if run is not None else model.parent) / CONFIG_FILE

@@ -93,7 +93,7 @@ def run(args: argparse.Namespace) -> int:
             _find_vllm(config, args, rerun=not args.dry_run)
         status = launch(config, dry_run=args.dry_run)
         if status == EXIT_INTERRUPTED:  # verl was stopped and its last records taken in
-            from agentrl.verl.restart import newest_intact
+            from agentrl.trainers.verl_checkpoints import newest_intact
 
             say(stopped_line("verl's run", newest_intact(config.run_dir / "checkpoints"),
                              resume_command("train", args.overrides)))

@@ -72,6 +72,7 @@ import torch
 import yaml
 
 from agentrl.trainers.tracking import fsync_dir, public_config
+from agentrl.trainers.verl_checkpoints import is_verl_run, verl_model
 
 __all__ = [
     "BEST_FILE", "CHECKPOINTS_DIR", "CHECKPOINT_CHOICES", "CONFIG_FILE", "MARKER",
@@ -495,8 +496,9 @@ def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
     last or step_N; ``agentrl sft``'s ``sft/checkpoints/`` first, else its own
     ``checkpoints/``: ``agentrl train model=<sft run> run_dir=<the same folder>`` then starts
     from the same model on every relaunch, not from its own PPO checkpoints); a verl run
-    folder's actor as a Hugging Face folder (:func:`agentrl.verl.saved_model.verl_model`).
-    ``checkpoint`` applies to run folders only. ``ValueError`` saying what ``path`` is and what is allowed."""
+    folder's actor as a Hugging Face folder (:func:`~agentrl.trainers.verl_checkpoints.
+    verl_model`). ``checkpoint`` applies to run folders only. ``ValueError`` saying what
+    ``path`` is and what is allowed."""
     path = Path(path).expanduser()
     allowed = ("allowed: a model folder (config.json), a checkpoint folder (checkpoints/step_N) "
                "or a run folder with checkpoints/")
@@ -514,8 +516,6 @@ def model_folder(path: str | Path, checkpoint: str | None = None) -> Path:
     if any((path / name).is_file() for name in MODEL_FILES):
         return path
     if is_run and _is_verl_run(path):
-        from agentrl.verl.saved_model import verl_model
-
         return verl_model(path, checkpoint)
     checkpoint_dir = path
     if (path / MARKER).exists():
@@ -545,8 +545,6 @@ def chosen_model(model: str, checkpoint: str | None) -> str:
                          "folder>, or no --checkpoint")
     try:
         if _is_verl_run(path):
-            from agentrl.verl.saved_model import verl_model
-
             return str(verl_model(path, checkpoint))
         return str(run_checkpoint(path, checkpoint))
     except ValueError as error:
@@ -554,11 +552,10 @@ def chosen_model(model: str, checkpoint: str | None) -> str:
 
 
 def _is_verl_run(run: Path) -> bool:
-    """A run folder verl checkpointed into (``checkpoints/global_step_N``): its model is found
-    by :mod:`agentrl.verl.saved_model`."""
-    from agentrl.verl.saved_model import is_verl_run
-
-    return is_verl_run(run)
+    """A run folder verl checkpointed into (``checkpoints/global_step_N``) whose model is verl's
+    actor: an ``agentrl sft`` run's ``sft/checkpoints/`` still comes first (see
+    :func:`model_folder`)."""
+    return is_verl_run(run) and _checkpoints_root(run) == run / CHECKPOINTS_DIR
 
 
 # --- loading -------------------------------------------------------------------------------

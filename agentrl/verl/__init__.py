@@ -26,8 +26,6 @@
   automaton on both sides: :mod:`~agentrl.verl.logits_processor` masks vLLM's sampler,
   :mod:`~agentrl.verl.masked_engine` masks verl's actor and reference (an engine registered in
   verl's ``EngineRegistry``); the masks travel with each row.
-- :mod:`agentrl.verl.saved_model`: the model a verl run saved (its actor's Hugging Face folder),
-  which ``agentrl eval`` and ``play --model`` load from the run folder.
 - :mod:`agentrl.verl.doctor_rows`, :mod:`~agentrl.verl.layout_check`: the rows of the first-run
   check (``agentrl doctor``, :mod:`agentrl.cli.doctor`).
 

@@ -237,7 +237,8 @@ def v1_row(result: StageResult, expected: int, episodes: int) -> Row:
 
 
 def logprobs_row(check: Mapping[str, Any] | None, why_skipped: str = "") -> Row:
-    """The packed-against-padded comparison of :func:`compare_remove_padding`."""
+    """The packed-against-padded comparison
+    (:func:`agentrl.verl.layout_check.compare_remove_padding`)."""
     name = "use_remove_padding on/off"
     if check is None:
         return Row(name, SKIP, why_skipped)

@@ -203,7 +203,7 @@ def finish_wandb_at_exit() -> None:
         _FINISH_AT_EXIT.append(True)
 
 
-def finish_tracking_after(last_step: int) -> None:
+def finish_tracking_after(last_step: int | None) -> None:
     """verl's ``Tracking`` finished right after it logs step ``last_step`` (the run's last).
 
     Why: the legacy trainer finishes its ``Tracking`` (and with it WandB's run) only when the
@@ -212,7 +212,9 @@ def finish_tracking_after(last_step: int) -> None:
     successful run ends on ``Exception ignored in ... Tracking.__del__``. Finished after the
     last step's log, the run ends while WandB still runs; ``Tracking.finish`` runs once, so its
     ``__del__`` (and V1's own call) then does nothing. Called in the TaskRunner, where the
-    trainer logs (by ``GameAgentLoopManager``)."""
+    trainer logs (by ``GameAgentLoopManager``); ``None`` (no step count): nothing changes."""
+    if last_step is None:
+        return
     from verl.utils.tracking import Tracking
 
     log_step = getattr(Tracking.log, "__wrapped_by_agentrl__", Tracking.log)

@@ -162,8 +162,10 @@ def _actor(config: TrainConfig) -> dict[str, Any]:
         f"{prefix}.kl_loss_coef": a.kl_loss_coef,
         f"{prefix}.kl_loss_type": a.kl_loss_type,
         # + the whole model as a Hugging Face folder (global_step_N/actor/huggingface): what
-        # `agentrl eval <run>` and `play --model <run>` load (agentrl.verl.saved_model)
-        f"{prefix}.checkpoint.save_contents": ["model", "optimizer", "extra", "hf_model"],
+        # `agentrl eval <run>` and `play --model <run>` load (agentrl.trainers.verl_checkpoints);
+        # not with LoRA (verl would write the adapter-wrapped keys into a plain model's folder)
+        f"{prefix}.checkpoint.save_contents": ["model", "optimizer", "extra",
+                                               *([] if config.lora.rank else ["hf_model"])],
         # the reference model (built only with a KL term): forward passes only
         "actor_rollout_ref.ref.log_prob_micro_batch_size_per_gpu":
             v.log_prob_micro_batch_size_per_gpu,

@@ -46,11 +46,11 @@ import re
 import signal
 import sys
 import time
-import zipfile
 from collections.abc import Sequence
 from pathlib import Path
 
 from agentrl.trainers.tracking import write_text_atomic
+from agentrl.trainers.verl_checkpoints import checkpoint_problem, newest_intact, step_folders
 
 __all__ = ["RUN_MARK", "TRACKER", "checkpoint_problem", "die_with_parent", "end_leftovers",
            "marked_processes", "resume_point", "run_mark"]
@@ -61,67 +61,16 @@ RUN_MARK = "AGENTRL_VERL_RUN"
 """Environment variable naming the run folder in every process of a launch."""
 TRACKER = "latest_checkpointed_iteration.txt"
 """verl's file naming the step it resumes from."""
-STEP_DIR = re.compile(r"global_step_(\d+)")
-SHARD = re.compile(r"(model|optim|extra_state)_world_size_(\d+)_rank_(\d+)\.pt")
 VERL_DRIVER = "verl.trainer.main_ppo"
 LEFTOVER_WAIT_S = 20.0
 
 
-# -- checkpoints -----------------------------------------------------------------------------------
-def checkpoint_problem(folder: Path, roles: Sequence[str]) -> str | None:
-    """Why ``global_step_N`` cannot be resumed from, or None when it is intact."""
-    for role in roles:
-        if (problem := _role_problem(folder / role)) is not None:
-            return f"{role}: {problem}"
-    return _archive_problem(folder / "data.pt")
-
-
-def _role_problem(folder: Path) -> str | None:
-    try:
-        world = int(json.loads((folder / "fsdp_config.json").read_text())["world_size"])
-    except (OSError, ValueError, TypeError, KeyError):
-        return "no readable fsdp_config.json"
-    shards = {SHARD.fullmatch(p.name).group(1, 2, 3) for p in folder.glob("*.pt")
-              if SHARD.fullmatch(p.name)}
-    for kind in {"model"} | {kind for kind, _, _ in shards}:
-        missing = [r for r in range(world) if (kind, str(world), str(r)) not in shards]
-        if missing:
-            return f"{kind} shards of rank(s) {missing} missing (world size {world})"
-    for path in sorted(folder.glob("*.pt")):
-        if (problem := _archive_problem(path)) is not None:
-            return problem
-    return None
-
-
-def _archive_problem(path: Path) -> str | None:
-    """``torch.save`` writes a zip archive whose directory comes last: a file cut short by a
-    kill has none."""
-    if not path.is_file():
-        return f"{path.name} missing"
-    if not zipfile.is_zipfile(path):
-        return f"{path.name} cut short ({path.stat().st_size} bytes)"
-    return None
-
-
-def _step_folders(checkpoints: Path) -> list[tuple[int, Path]]:
-    """``global_step_N`` folders, newest first."""
-    found = [(int(m.group(1)), p) for p in checkpoints.glob("global_step_*")
-             if p.is_dir() and (m := STEP_DIR.fullmatch(p.name))]
-    return sorted(found, reverse=True)
-
-
+# -- checkpoints ---------------------------------------------------------------------------------
 def _tracked_step(checkpoints: Path) -> int | None:
     try:
         return int((checkpoints / TRACKER).read_text().strip())
     except (OSError, ValueError):
         return None
-
-
-def newest_intact(checkpoints: Path, roles: Sequence[str] = ("actor",)) -> Path | None:
-    """The newest ``global_step_N`` folder whose ``roles`` are intact (what ``resume=auto``
-    would take), without moving verl's tracker; None when there is none."""
-    return next((folder for _, folder in _step_folders(checkpoints)
-                 if checkpoint_problem(folder, roles) is None), None)
 
 
 def resume_point(checkpoints: Path, resume: str, roles: Sequence[str]) -> Path | None:
@@ -137,7 +86,7 @@ def resume_point(checkpoints: Path, resume: str, roles: Sequence[str]) -> Path |
                              "allowed: auto, never, or an intact global_step_N folder")
         return folder
     skipped = []
-    for step, folder in _step_folders(checkpoints):
+    for step, folder in step_folders(checkpoints):
         problem = checkpoint_problem(folder, roles)
         if problem is None:
             _track(checkpoints, step, skipped)

@@ -113,6 +113,9 @@ def test_our_keys_reach_verls(tmp_path):
     assert at(cfg, "trainer.resume_from_path") == str(checkpoint)
     assert at(cfg, "actor_rollout_ref.rollout.top_k") == -1
     assert at(cfg, "actor_rollout_ref.model.lora_rank") == 8
+    # with LoRA no Hugging Face model in the actor's checkpoint (an adapter-wrapped state dict)
+    assert list(at(cfg, "actor_rollout_ref.actor.checkpoint.save_contents")) == [
+        "model", "optimizer", "extra"]
     assert at(cfg, "actor_rollout_ref.model.custom_chat_template").startswith("{%")
     assert at(cfg, "critic.ppo_epochs") == 3
     assert at(cfg, "actor_rollout_ref.actor.ppo_mini_batch_size") == 64 // 16
@@ -133,6 +136,12 @@ def test_our_keys_reach_verls(tmp_path):
     assert at(cfg, "trainer.log_val_generations") == 4
     assert at(cfg, "algorithm.lam") == 0.9                         # raw overrides win
     assert config.algorithm.lam == 1.0
+
+
+def test_every_actor_checkpoint_holds_its_hugging_face_model():
+    """What `agentrl eval <run>` loads: global_step_N/actor/huggingface with its weights."""
+    _, cfg = verl_config(["hardware=a100", "model=qwen_halfb"])
+    assert "hf_model" in at(cfg, "actor_rollout_ref.actor.checkpoint.save_contents")
 
 
 @pytest.mark.parametrize("resume, mode", [("auto", "auto"), ("never", "disable")])
