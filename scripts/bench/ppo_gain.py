@@ -221,7 +221,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     bars = [("warm start (SFT)", lambda r: r["sft"]), ("SFT + PPO", lambda r: r["sft_ppo"])]
     bars += [(f"SFT + PPO +{name}", lambda r, name=name: r["levers"][name]["success"])
              for name in result["levers"]]
-    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    fig, ax = plt.subplots(figsize=(6.5, 3.9))
     width = 0.8 / len(bars)
     for i, (label, value) in enumerate(bars):
         ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(rows))],
@@ -232,7 +232,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
                                      for r in rows])
     ax.set(ylabel="held-out greedy success", ylim=(0, 1.08),
            title=f"What PPO adds ({result['preset']}, {result['val_games']} games, paired)")
-    ax.legend(fontsize=7, loc="lower center", ncol=len(bars))  # below the gains' labels
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              ncol=len(bars))  # under the axes: clear of the bars and the gains' labels
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
