@@ -12,7 +12,9 @@
 
 Every preset plays the same GROUPS games (the first seeds of the held-out split, see
 agentrl/envs/splits.py), each GROUP_SIZE times. The model decodes greedily unless
---temperature is set. A training run or checkpoint plays as the run validated, so its last
+--temperature is set. A training run (local or verl: a verl run's newest intact step, or
+--checkpoint step_N, from the Hugging Face model its actor saved) or checkpoint plays as the
+run validated, so its last
 validation number and this one agree: its val.presets, val.group_num and val.group_size, its
 agent presets as the run had them (history windows, prompts), constrained or free
 (rollout.constrained_actions), its reply limit (val.max_new_tokens, else
