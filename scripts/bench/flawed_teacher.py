@@ -194,7 +194,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     rows = [*result["runs"], {"seed": "mean", **result["mean"]}]
     labels = {"clean": "clean warm start", "flawed": "flawed warm start",
               "flawed_ppo": "flawed + PPO"}
-    fig, ax = plt.subplots(figsize=(6.5, 3.5))
+    fig, ax = plt.subplots(figsize=(6.5, 3.9))
     width = 0.8 / len(MODELS)
     for i, name in enumerate(MODELS):
         ax.bar([x + (i - 1) * width for x in range(len(rows))], [r[name] for r in rows], width,
@@ -207,7 +207,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax.set(ylabel="held-out greedy success", ylim=(0, 1.08),
            title=f"RL against a flawed teacher ({result['preset']}, "
                  f"{result['val_games']} games)")
-    ax.legend(fontsize=7, loc="upper left")
+    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1),
+              ncol=len(MODELS))  # under the axes: clear of the bars and the gap labels
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
