@@ -268,6 +268,8 @@ def verl_run(root: Path, tiny, steps=(1, 2), weights: bool = True) -> Path:
 
 def test_a_verl_run_is_evaluated_from_the_model_its_actor_saved(tiny, tmp_path,
                                                                 one_torch_thread):
+    from agentrl.trainers.verl_checkpoints import verl_run_of
+
     run = verl_run(tmp_path, tiny)
     hf = run / "checkpoints" / "global_step_{}" / "actor" / "huggingface"
     for choice, step in ((None, 2), ("last", 2), ("step_1", 1), ("1", 1)):
@@ -277,6 +279,7 @@ def test_a_verl_run_is_evaluated_from_the_model_its_actor_saved(tiny, tmp_path,
                      "--device", "cpu", "--out", str(out), "--no-progress"]) == 0
         data = json.loads(out.read_text())
         assert data["model"]["path"] == str(hf).format(step)
+        assert verl_run_of(Path(data["model"]["path"])) == run.resolve()  # whose config it reads
         # it played as the run validated: the run's presets and games, from its config
         assert list(data["presets"]) == ["banditAgent"]
         assert data["presets"]["banditAgent"]["episodes"] == 2
