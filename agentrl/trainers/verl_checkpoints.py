@@ -86,9 +86,7 @@ def newest_intact(checkpoints: Path, roles: Sequence[str] = ("actor",)) -> Path 
 
 def is_verl_run(run: Path) -> bool:
     """Whether ``run`` is a run folder verl checkpointed into."""
-    checkpoints = run / "checkpoints"
-    return checkpoints.is_dir() and any(STEP_DIR.fullmatch(p.name) and p.is_dir()
-                                        for p in checkpoints.iterdir())
+    return bool(step_folders(run / "checkpoints"))
 
 
 def verl_model(run: Path, checkpoint: str | None = None) -> Path:
@@ -126,8 +124,9 @@ def verl_model(run: Path, checkpoint: str | None = None) -> Path:
 def verl_run_of(model: Path) -> Path | None:
     """The run folder of a verl actor's Hugging Face folder
     (``<run>/checkpoints/global_step_N/actor/huggingface``), or None for any other path."""
-    parts = model.resolve().parts
+    model = model.resolve()
+    parts = model.parts
     if len(parts) < 5 or parts[-1] != HF_FOLDER or parts[-2] != "actor" \
             or not STEP_DIR.fullmatch(parts[-3]) or parts[-4] != "checkpoints":
         return None
-    return model.resolve().parents[3]
+    return model.parents[3]
