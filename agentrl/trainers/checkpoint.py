@@ -451,6 +451,16 @@ def newest_intact_checkpoint(checkpoints: str | Path) -> Path | None:
     return None
 
 
+def checkpoint_choice(checkpoint: str | None) -> tuple[str, int | None]:
+    """``checkpoint=`` as (``best`` | ``last`` | ``step_N``, N or None); ``None`` is ``best``.
+    Another text: ``ValueError`` naming the allowed ones."""
+    which = "best" if checkpoint is None else str(checkpoint)
+    step = STEP_CHOICE.fullmatch(which)
+    if which not in ("best", "last") and step is None:
+        raise ValueError(f"checkpoint={which!r} is not allowed; allowed: {CHECKPOINT_CHOICES}")
+    return which, None if step is None else int(step.group(1))
+
+
 def run_checkpoint(path: str | Path, checkpoint: str | None = None) -> Path:
     """The checkpoint folder a run folder stands for: ``checkpoint`` = ``best`` (the default:
     the one ``best.json`` names, else the newest intact one), ``last`` (the newest intact one)
@@ -458,10 +468,7 @@ def run_checkpoint(path: str | Path, checkpoint: str | None = None) -> Path:
     (``sft/checkpoints/``) come before its own ``checkpoints/`` (see :func:`model_folder`).
     ``ValueError`` saying what is wrong and what is allowed."""
     path = Path(path).expanduser()
-    which = "best" if checkpoint is None else str(checkpoint)
-    step = STEP_CHOICE.fullmatch(which)
-    if which not in ("best", "last") and step is None:
-        raise ValueError(f"checkpoint={which!r} is not allowed; allowed: {CHECKPOINT_CHOICES}")
+    which, step = checkpoint_choice(checkpoint)
     allowed = "allowed: a run folder with checkpoints/"
     root = _checkpoints_root(path)
     if root is None:
@@ -473,7 +480,7 @@ def run_checkpoint(path: str | Path, checkpoint: str | None = None) -> Path:
         if found is None:
             raise ValueError(f"{root} holds no checkpoint; {allowed}")
         return found
-    folder = root / (best.folder_name if best else f"step_{int(step.group(1)):06d}")
+    folder = root / (best.folder_name if best else f"step_{step:06d}")
     if (problem := checkpoint_problem(folder)) is not None:
         named = f"the best checkpoint {folder} ({BEST_FILE})" if best else f"checkpoint {folder}"
         kept = ", ".join(p.name for p in list_checkpoints(root.parent)) or "none"

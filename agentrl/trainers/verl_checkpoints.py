@@ -93,20 +93,17 @@ def verl_model(run: Path, checkpoint: str | None = None) -> Path:
     """The Hugging Face model folder of ``run``'s actor at ``checkpoint`` (``best``, the default,
     and ``last``: the newest intact step; ``step_N`` or ``N``: that step, intact). ``ValueError``
     saying what is wrong and what is allowed."""
-    from agentrl.trainers.checkpoint import CHECKPOINT_CHOICES, STEP_CHOICE
+    from agentrl.trainers.checkpoint import checkpoint_choice
 
     checkpoints = run / "checkpoints"
-    which = "best" if checkpoint is None else str(checkpoint)
-    step = STEP_CHOICE.fullmatch(which)
-    if which not in ("best", "last") and step is None:
-        raise ValueError(f"checkpoint={which!r} is not allowed; allowed: {CHECKPOINT_CHOICES}")
+    _, step = checkpoint_choice(checkpoint)
     if step is None:
         folder = newest_intact(checkpoints)
         if folder is None:
             raise ValueError(f"{checkpoints} holds no intact verl checkpoint (global_step_N with "
                              "the actor's shards); allowed: a run folder verl checkpointed into")
     else:
-        folder = checkpoints / f"global_step_{int(step.group(1))}"
+        folder = checkpoints / f"global_step_{step}"
         if (problem := checkpoint_problem(folder, ("actor",))) is not None:
             kept = ", ".join(f.name for _, f in reversed(step_folders(checkpoints))) or "none"
             raise ValueError(f"verl checkpoint {folder}: {problem}; allowed: checkpoint=last, "
