@@ -4,6 +4,7 @@ long job: a table of PASS, FAIL and SKIP rows, exit 0 when nothing failed.
     agentrl doctor hardware=a100 model=qwen_3b        # a GPU node: <= 10 minutes
     agentrl doctor hardware=cpu-verl model=tiny_vllm  # the rows a CPU can run (~6 min, 2 cores)
     agentrl doctor --check runs/doctor                # the table again from a doctor's folder
+    agentrl doctor hardware=cpu-verl model=tiny_vllm --stages legacy  # one stage (~3 min)
     bash examples/check_gpu.sh qwen_7b                # the same with this node's preset and GPUs
 
 It runs verl's own trainer three times, briefly, with the overrides given (the hardware and
@@ -77,6 +78,7 @@ STAGE_TIMEOUT_S = 900
 SOKOBAN = "quickSokobanAgent"
 """Two answer-only turns of up to 48 tokens: with a response budget of 64 the first
 observation never fits, so every episode not won on its first reply is cut."""
+STAGE_NAMES = ("legacy", "constrained", "v1")
 WINDOWED = "tightBlocksworldTurnsAgent"
 """One move a turn, each turn its own chat (``context: state``): a row per turn on V1."""
 
@@ -217,6 +219,18 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help=f"folder of the doctor's runs (default {OUT}; replaced)")
     parser.add_argument("--check", type=Path, metavar="DIR",
                         help="print the table from an earlier doctor's folder; runs nothing")
+    parser.add_argument("--stages", type=stage_names, default=STAGE_NAMES, metavar="NAMES",
+                        help=f"comma-separated stages to run (default {','.join(STAGE_NAMES)});"
+                             " the rows of the others say SKIP")
+
+
+def stage_names(text: str) -> tuple[str, ...]:
+    """``--stages``: a comma-separated subset of :data:`STAGE_NAMES`, in their order."""
+    asked = {name.strip() for name in text.split(",") if name.strip()}
+    if not asked or asked - set(STAGE_NAMES):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: comma-separated names of "
+                                         f"{', '.join(STAGE_NAMES)}")
+    return tuple(name for name in STAGE_NAMES if name in asked)
 
 
 def trainer_python(config: Any) -> tuple[str | None, str]:
@@ -308,10 +322,16 @@ def run(args: argparse.Namespace) -> int:
         (out / "doctor.json").write_text(json.dumps({"overrides": overrides}, indent=1))
         python, why = trainer_python(config)
         for stage in stages(config, out):
-            if python is None or (stage.name == "v1" and not has_module(python,
-                                                                        "transfer_queue")):
-                reason = why or ("verl.trainer=v1 needs TransferQueue (`pip install "
-                                 "TransferQueue`, as env_setup.sh does)")
+            if stage.name not in args.stages:
+                reason = f"not asked (--stages {','.join(args.stages)})"
+            elif python is None:
+                reason = why
+            elif stage.name == "v1" and not has_module(python, "transfer_queue"):
+                reason = ("verl.trainer=v1 needs TransferQueue (`pip install TransferQueue`, "
+                          "as env_setup.sh does)")
+            else:
+                reason = ""
+            if reason:
                 (out / f"{stage.name}.log").unlink(missing_ok=True)
                 (out / f"{stage.name}.skipped").write_text(reason)
                 continue

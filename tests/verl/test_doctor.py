@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +19,7 @@ import torch
 from agentrl.cli import doctor
 from agentrl.verl import layout_check
 from agentrl.verl.doctor_rows import (
+    CUT_TOLERANCE,
     FAIL,
     PASS,
     SKIP,
@@ -346,3 +348,61 @@ def test_a_failed_stage_names_the_exception_it_died_of():
            "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
     assert doctor.last_error(log) == "AttributeError: 'LinkedList' object has no attribute 'tolist'"
     assert doctor.last_error("only this\n") == "only this"
+
+
+@pytest.mark.slow
+def test_the_doctor_on_this_cpu_passes_its_cpu_rows_on_verls_real_trainers(tmp_path):
+    """`agentrl doctor hardware=cpu-verl model=tiny_vllm`, as a user without a GPU runs it: verl's
+    legacy trainer (plain and constrained) and V1 trainer, briefly; every row a CPU can check
+    passes on what the runs left, the rows that need a GPU say so. The cut-episode row on a
+    real run: every Sokoban episode not won on its first reply is cut by the response budget,
+    and at each one's last model token verl's GAE return is its reward, so the critic's target
+    there has a fixed point (a bootstrapped return would be reward + value)."""
+    import subprocess
+
+    from agentrl.verl.child_run import verl_cpu_python
+
+    python = verl_cpu_python()
+    if python is None or subprocess.run([python, "-c", "import transfer_queue"],
+                                        capture_output=True).returncode:
+        pytest.skip("verl's real trainers on a CPU need vLLM's CPU build and TransferQueue; "
+                    "install them with `bash env_setup.sh --verl-cpu`")
+    out = tmp_path / "doctor"
+    done = subprocess.run([sys.executable, "-m", "agentrl.cli", "doctor", "hardware=cpu-verl",
+                           "model=tiny_vllm", "--out", str(out)], capture_output=True, text=True,
+                          timeout=3 * doctor.STAGE_TIMEOUT_S)
+    print(done.stdout[-3000:])
+    lines = {line.split("  ")[0].strip(): line for line in done.stdout.splitlines()}
+    assert done.returncode == 0, (done.stdout + done.stderr)[-6000:]
+    for row in ("legacy trainer, 3 steps", "constrained actions",
+                "cut episodes: critic at last token", "V1 trainer, windowed, 2 steps"):
+        assert "PASS" in lines[row], row
+    for row in ("peak memory per phase", "use_remove_padding on/off"):
+        assert "SKIP    needs a GPU" in lines[row], row
+    cut = StageResult.read(out, "legacy").cut
+    assert sorted(int(r["step"]) for r in cut) == [1, 2, 3]
+    for record in cut:   # cut episodes at every step, each return its reward
+        assert record["rows"] and all(abs(r["return"] - r["reward"]) < CUT_TOLERANCE
+                                      for r in record["rows"])
+
+
+def test_only_the_stages_asked_for_run_and_the_others_rows_say_so(tmp_path, monkeypatch,
+                                                                 capsys):
+    ran = []
+    monkeypatch.setattr(doctor, "trainer_python", lambda config: (sys.executable, ""))
+    monkeypatch.setattr(doctor, "run_stage", lambda stage, *rest: ran.append(stage.name))
+    args = argparse.Namespace(overrides=["hardware=cpu-verl", "model=tiny_vllm"],
+                              out=tmp_path / "d", check=None,
+                              stages=doctor.stage_names("legacy"))
+    doctor.run(args)
+    assert ran == ["legacy"]
+    lines = {line.split("  ")[0].strip(): line for line in capsys.readouterr().out.splitlines()}
+    for row in ("constrained actions", "V1 trainer, windowed, 2 steps"):
+        assert "SKIP    not asked (--stages legacy)" in lines[row]
+
+
+def test_stages_names_only_the_doctors_stages():
+    assert doctor.stage_names("v1, legacy") == ("legacy", "v1")
+    for bad in ("", "legacy,gpu"):
+        with pytest.raises(argparse.ArgumentTypeError, match="allowed: .*legacy, constrained, v1"):
+            doctor.stage_names(bad)
