@@ -2,7 +2,7 @@
 long job: a table of PASS, FAIL and SKIP rows, exit 0 when nothing failed.
 
     agentrl doctor hardware=a100 model=qwen_3b        # a GPU node: <= 10 minutes
-    agentrl doctor hardware=cpu-verl model=tiny_vllm  # the rows a CPU can run (~6 min, 2 cores)
+    agentrl doctor hardware=cpu-verl model=tiny_vllm  # the rows a CPU can run (~5 min, 2 cores)
     agentrl doctor --check runs/doctor                # the table again from a doctor's folder
     agentrl doctor hardware=cpu-verl model=tiny_vllm --stages legacy  # one stage (~3 min)
     bash examples/check_gpu.sh qwen_7b                # the same with this node's preset and GPUs

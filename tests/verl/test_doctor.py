@@ -2,8 +2,8 @@
 passes on a healthy record and fails on the record of the defect it checks; the table and exit
 status from a doctor's folder; the stages' configs pass verl's own checks on every GPU preset
 and on the CPU; use_remove_padding's comparison through verl's engine fails when one layout's
-masks are misplaced. The CPU rows on verl's real trainers: tests/verl/test_cpu_trainer.py checks
-its runs with them."""
+masks are misplaced; the whole doctor on this CPU (verl's real trainers, ~5 min) passes its CPU
+rows. tests/verl/test_cpu_trainer.py also checks its runs with the rows."""
 
 from __future__ import annotations
 
