@@ -22,8 +22,8 @@ is the newest checkpoint's (a verl run's: its config's). ``--machine`` defaults 
 trained. JSON goes to ``--out`` (:func:`agentrl.cli.bench.write_result`), the plot beside it
 (``.png``).
 
-Expected time: the default run 20-25 min after set-up on 2 CPU cores (2026-11-27: warm start 12.2,
-PPO 4.9, wall 19.8 min at load ~2); ``--from-run`` a few seconds.
+Expected time: the default run 12-15 min after set-up on 2 CPU cores (2026-12-02: warm start 3.9,
+PPO 7.4, wall 12.5 min at load ~1.5); ``--from-run`` a few seconds.
 """
 
 from __future__ import annotations
