@@ -547,7 +547,10 @@ def test_ctrl_c_during_the_verl_run_ends_it_and_returns_130_without_a_traceback(
     returns 130 for the command's one stop line (before, ``subprocess.run`` raised
     ``KeyboardInterrupt``: a traceback, and the process killed by the signal)."""
     script = tmp_path / "launch_verl.py"
-    script.write_text("import sys\nfrom agentrl.verl.launch import run_verl\n"
+    # Ctrl-C as a terminal delivers it: a suite started in the background (``cmd &`` in a
+    # script) passes SIGINT on ignored, and the launch would never see it
+    script.write_text("import signal, sys\nfrom agentrl.verl.launch import run_verl\n"
+                      "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
                       f"sys.exit(run_verl([sys.executable, '-c', {VERL_STAND_IN!r}], None))\n")
     process = subprocess.Popen([sys.executable, str(script)], start_new_session=True,
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
