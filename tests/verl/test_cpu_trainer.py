@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import pytest
-from verl_runs import cpu_sft_config, weight_distance
+from verl_runs import cpu_sft_config, v1_python, weight_distance
 
 from agentrl.verl import doctor_rows
 from agentrl.verl import child_run
@@ -251,11 +251,7 @@ def test_verls_v1_trainer_with_context_windows_killed_mid_step_resumes_on_cpu(tm
     """Context windows on verl's V1 trainer, constrained: each episode comes back as one row
     per window, the masks reach the actor (vLLM's and the trainer's probabilities agree), and a
     run killed in step 2 resumes from checkpoint 1 and logs each step once."""
-    python = verl_cpu_python()
-    if python is None or subprocess.run([python, "-c", "import transfer_queue"],
-                                        capture_output=True).returncode:
-        pytest.skip("verl's V1 trainer on a CPU needs vLLM's CPU build and TransferQueue; "
-                    "install them with `bash env_setup.sh --verl-cpu`")
+    python = v1_python()
     run_dir = tmp_path / "run"
     command = v1_windows_command(python, run_dir, steps=2)
     first = start(command, tmp_path / "first.log")

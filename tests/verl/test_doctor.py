@@ -360,13 +360,9 @@ def test_the_doctor_on_this_cpu_passes_its_cpu_rows_on_verls_real_trainers(tmp_p
     there has a fixed point (a bootstrapped return would be reward + value)."""
     import subprocess
 
-    from agentrl.verl.child_run import verl_cpu_python
+    from verl_runs import v1_python
 
-    python = verl_cpu_python()
-    if python is None or subprocess.run([python, "-c", "import transfer_queue"],
-                                        capture_output=True).returncode:
-        pytest.skip("verl's real trainers on a CPU need vLLM's CPU build and TransferQueue; "
-                    "install them with `bash env_setup.sh --verl-cpu`")
+    v1_python()   # the doctor's stages run on it
     out = tmp_path / "doctor"
     done = subprocess.run([sys.executable, "-m", "agentrl.cli", "doctor", "hardware=cpu-verl",
                            "model=tiny_vllm", "--out", str(out)], capture_output=True, text=True,

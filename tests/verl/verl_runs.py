@@ -1,14 +1,30 @@
-"""Helpers of the slow tests that run verl's real trainers on this CPU: the SFT run's config
-(``test_verl_sft.py``, and conftest's ``verl_sft_folder``, which ``test_cpu_trainer.py``'s PPO
-run starts from) and the weights of the model folders they save."""
+"""Helpers of the slow tests that run verl's real trainers on this CPU: the interpreter that runs
+V1 (or the skip), the SFT run's config (``test_verl_sft.py``, and conftest's ``verl_sft_folder``,
+which ``test_cpu_trainer.py``'s PPO run starts from) and the weights of the model folders they
+save."""
 
 from __future__ import annotations
 
+import subprocess
 from pathlib import Path
 
+import pytest
 import torch
 
 from agentrl.config import TrainConfig, compose_config
+
+def v1_python() -> str:
+    """The interpreter with vLLM's CPU build and TransferQueue (verl's V1 trainer); skips the
+    test without them."""
+    from agentrl.verl.child_run import verl_cpu_python
+
+    python = verl_cpu_python()
+    if python is None or subprocess.run([python, "-c", "import transfer_queue"],
+                                        capture_output=True).returncode:
+        pytest.skip("verl's V1 trainer on a CPU needs vLLM's CPU build and TransferQueue; "
+                    "install them with `bash env_setup.sh --verl-cpu`")
+    return python
+
 
 SFT_LR = 1e-3
 """The SFT step's learning rate: 100x PPO's (``actor.lr`` 1e-5), so one SFT step moves the
