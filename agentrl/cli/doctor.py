@@ -74,11 +74,12 @@ from agentrl.verl.doctor_rows import (
 )
 
 OUT = Path("runs/doctor")
+STAGE_NAMES = ("legacy", "constrained", "v1")
+"""The doctor's trainings (:func:`stages`), in the order they run; ``--stages`` picks some."""
 STAGE_TIMEOUT_S = 900
 SOKOBAN = "quickSokobanAgent"
 """Two answer-only turns of up to 48 tokens: with a response budget of 64 the first
 observation never fits, so every episode not won on its first reply is cut."""
-STAGE_NAMES = ("legacy", "constrained", "v1")
 WINDOWED = "tightBlocksworldTurnsAgent"
 """One move a turn, each turn its own chat (``context: state``): a row per turn on V1."""
 

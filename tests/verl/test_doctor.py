@@ -209,7 +209,7 @@ def test_every_stage_passes_verls_checks_and_the_preflight(user, tmp_path, capsy
 
     config = compose_config(user)
     made = doctor.stages(config, tmp_path)
-    assert [s.name for s in made] == ["legacy", "constrained", "v1"]
+    assert tuple(s.name for s in made) == doctor.STAGE_NAMES == ("legacy", "constrained", "v1")
     gpus = config.verl.nnodes * config.verl.n_gpus_per_node
     assert doctor.episodes_per_step(config) % gpus == 0
     for each in made:

@@ -5,7 +5,6 @@ save."""
 
 from __future__ import annotations
 
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -13,14 +12,15 @@ import torch
 
 from agentrl.config import TrainConfig, compose_config
 
+
 def v1_python() -> str:
     """The interpreter with vLLM's CPU build and TransferQueue (verl's V1 trainer); skips the
-    test without them."""
+    test without them (the doctor's own check, :func:`agentrl.cli.doctor.has_module`)."""
+    from agentrl.cli.doctor import has_module
     from agentrl.verl.child_run import verl_cpu_python
 
     python = verl_cpu_python()
-    if python is None or subprocess.run([python, "-c", "import transfer_queue"],
-                                        capture_output=True).returncode:
+    if python is None or not has_module(python, "transfer_queue"):
         pytest.skip("verl's V1 trainer on a CPU needs vLLM's CPU build and TransferQueue; "
                     "install them with `bash env_setup.sh --verl-cpu`")
     return python
