@@ -246,10 +246,11 @@ class ActorConfig(Section):
     ppo_epochs: int = setting(1, at_least(1), "an integer >= 1")
     """Passes over the batch per step."""
     ppo_mini_batch_size: int | None = setting(None, at_least(1), "null or an integer >= 1")
-    """Trajectories per optimizer update; must divide the kept batch (null = whole batch)."""
+    """Trajectories per optimizer update, with all their rows (turns, context windows); must
+    divide the kept batch (null = whole batch)."""
     micro_batch_size: int = setting(2, at_least(1), "an integer >= 1")
-    """Trajectories per forward/backward pass (gradients accumulate over a mini-batch); the
-    critic's too. On verl: per GPU, at most a GPU's share of a mini-batch (capped to it)."""
+    """Rows per forward/backward pass (a trajectory is one row, or one a turn or context
+    window; gradients accumulate over a mini-batch); the critic's too. On verl: per GPU, at most a GPU's share of a mini-batch (capped to it)."""
     shared_prefix_tokens: int = setting(32, at_least(0), "an integer >= 0 (0 = off)")
     """Local trainer: the leading tokens all rows of a micro-batch share (a group's first
     prompt) run once, when there are at least this many, and every row reads their keys and

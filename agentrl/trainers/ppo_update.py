@@ -46,7 +46,7 @@ from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, resp
 from agentrl.trainers.reference import Reference
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 from agentrl.trainers.timing import StageTimer
-from agentrl.trainers.update_loop import KL_TERM, UpdateShape, run_epochs
+from agentrl.trainers.update_loop import KL_TERM, UpdateShape, run_epochs, trajectory_count
 from agentrl.trainers.value_fit import RidgeValueFit
 
 __all__ = ["PPOUpdate", "explained_variance", "pooled_explained_variance",
@@ -132,9 +132,9 @@ class PPOUpdate:
         config, algo = self.config, self.config.algorithm
         metrics: dict[str, float] = {}
         mask = batch["response_mask"].float()
-        n = batch["responses"].shape[0]
-        first_pass_is_old = self._first_pass_is_old(n, "rollout_features" in batch)
-        critic_pass_values = self._critic_pass_gives_values(n, batch["episode_index"])
+        trajectories = trajectory_count(batch)
+        first_pass_is_old = self._first_pass_is_old(trajectories, "rollout_features" in batch)
+        critic_pass_values = self._critic_pass_gives_values(trajectories, batch["episode_index"])
         needs_old = update_actor or algo.use_kl_in_reward
         scored = self._score(batch, timer, old_logprobs=needs_old and not first_pass_is_old,
                              values=not critic_pass_values)
@@ -145,7 +145,7 @@ class PPOUpdate:
                                                   kl_coef=algo.kl_coef, kl_penalty=algo.kl_penalty)
                 chosen = choice_mask(batch)  # a forced token's KL is 0: not in the mean
                 metrics["actor/reward_kl"] = float(kl.sum() / chosen.sum().clamp(min=1))
-        batch = {**batch, "row": torch.arange(n), "rewards": rewards}
+        batch = {**batch, "row": torch.arange(mask.shape[0]), "rewards": rewards}
         skipped = 0
         if critic_pass_values and all_finite(rewards):  # the critic's pass gives the values
             # NaN until a micro-batch writes them: rows a stopped pass never reached have no

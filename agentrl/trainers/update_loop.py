@@ -1,10 +1,13 @@
-"""PPO's generic update loop: epochs of shuffled mini-batches, each one optimizer step over
-gradients accumulated micro-batch by micro-batch.
+"""PPO's generic update loop: epochs of shuffled mini-batches of trajectories, each one
+optimizer step over gradients accumulated micro-batch by micro-batch.
 
     metrics, skipped = run_epochs(batch, micro_loss, optimizer, params, UpdateShape(...),
                                   loss_mask=mask, generator=generator, role="actor")
 
-The loop knows nothing of actors or critics: ``micro_loss(micro, size, prefix)`` is the role's
+A mini-batch is whole trajectories (``batch["episode_index"]``: all the rows of an episode that
+became one row per turn or per context window), so ``mini_batch_size`` counts what the config
+says it counts and a step takes the same number of optimizer steps however its episodes were
+cut into rows. The loop knows nothing of actors or critics: ``micro_loss(micro, size, prefix)`` is the role's
 loss on one micro-batch. What it owns is the bookkeeping every role shares: the shared prompt
 prefix of a run of micro-batches (:func:`agentrl.trainers.shared_prefix.plan_prefix_runs`),
 whose gradients reach the weights once after the run's last micro-batch; the gradient-norm clip;
@@ -26,7 +29,8 @@ from agentrl.trainers import ppo
 from agentrl.trainers.microbatch import micro_order, micro_rows
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
 
-__all__ = ["KL_TERM", "MicroLoss", "UpdateShape", "run_epochs"]
+__all__ = ["KL_TERM", "MicroLoss", "UpdateShape", "rows_of", "run_epochs", "trajectory_count",
+           "trajectory_index"]
 
 log = logging.getLogger(__name__)
 
@@ -43,8 +47,10 @@ class UpdateShape:
 
     epochs: int
     mini_batch_size: int | None
-    """Rows per optimizer step (None: the whole batch, one step a pass)."""
+    """Trajectories per optimizer step, with all their rows (None: the whole batch, one step
+    a pass)."""
     micro_batch_size: int
+    """Rows per forward/backward pass."""
     shared_prefix_tokens: int
     """A micro-batch's shared prompt runs once when at least this long (0: never shared);
     rows are then ordered by prompt, so that a micro-batch holds a group."""
@@ -59,6 +65,23 @@ KL_TERM = "actor/approx_kl"
 mini-batch's mean ``(r - 1) - log r`` (CleanRL's approx_kl, never negative)."""
 
 
+def trajectory_index(batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's trajectory (``episode_index``); a batch without it has a trajectory a row."""
+    episodes = batch.get("episode_index")
+    return torch.arange(batch["responses"].shape[0]) if episodes is None else episodes
+
+
+def trajectory_count(batch: dict[str, torch.Tensor]) -> int:
+    """The trajectories in ``batch``: what ``ppo_mini_batch_size`` is compared with."""
+    return len(torch.unique(trajectory_index(batch)))
+
+
+def rows_of(episodes: torch.Tensor, chosen: torch.Tensor) -> torch.Tensor:
+    """The rows of the ``chosen`` trajectories, trajectory by trajectory in ``chosen``'s order
+    and each one's rows in batch order."""
+    return torch.cat([(episodes == episode).nonzero().squeeze(-1) for episode in chosen])
+
+
 def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
                optimizer: torch.optim.Optimizer, params: Any, shape: UpdateShape, *,
                loss_mask: torch.Tensor, generator: torch.Generator,
@@ -68,9 +91,10 @@ def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
     ``<role>/passes``: the optimizer steps taken or skipped over the steps a pass takes, below
     ``epochs`` when ``shape.target_kl`` stopped them, and ``<role>/kl_stopped``: 1 then) and
     the number of updates skipped for a non-finite loss or gradient."""
-    n = batch["responses"].shape[0]
-    mini = shape.mini_batch_size or n
-    per_pass = math.ceil(n / mini)
+    episodes = trajectory_index(batch)
+    trajectories = torch.unique(episodes)
+    mini = shape.mini_batch_size or len(trajectories)
+    per_pass = math.ceil(len(trajectories) / mini)
     sums: dict[str, float] = defaultdict(float)
     counts: dict[str, int] = defaultdict(int)
     skipped = done = 0
@@ -80,9 +104,10 @@ def run_epochs(batch: dict[str, torch.Tensor], micro_loss: MicroLoss,
         for _ in range(shape.epochs):
             if stopped:
                 break
-            order = torch.randperm(n, generator=generator)
-            for start in range(0, n, mini):
-                rows = micro_order(batch, order[start:start + mini], shape.shared_prefix_tokens)
+            order = trajectories[torch.randperm(len(trajectories), generator=generator)]
+            for start in range(0, len(order), mini):
+                rows = micro_order(batch, rows_of(episodes, order[start:start + mini]),
+                                   shape.shared_prefix_tokens)
                 size = ppo.MiniBatchSize.of(loss_mask[rows])
                 optimizer.zero_grad(set_to_none=True)
                 finite = True

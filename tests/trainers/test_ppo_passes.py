@@ -61,6 +61,39 @@ def test_a_target_never_reached_stops_nothing():
     assert metrics["actor/kl_stopped"] == 0.0
 
 
+def test_a_mini_batch_is_whole_trajectories_however_many_rows_each_has():
+    # 4 trajectories cut into 1, 2, 3 and 2 rows (turns or context windows): a mini-batch of 2
+    # trajectories is 2 optimizer steps a pass, each over all the rows of its 2 episodes
+    episodes = torch.tensor([0, 1, 1, 2, 2, 2, 3, 3])
+    rows = len(episodes)
+    batch = {"responses": torch.ones(rows, 2, dtype=torch.long),
+             "prompts": torch.ones(rows, 1, dtype=torch.long),
+             "attention_mask": torch.ones(rows, 3, dtype=torch.long),
+             "episode_index": episodes}
+    weight = torch.nn.Parameter(torch.zeros(1))
+    optim = torch.optim.SGD([weight], lr=0.1)
+    seen: list[list[int]] = [[]]
+    optim.register_step_post_hook(lambda *_: seen.append([]))
+
+    def micro_loss(micro, size: ppo.MiniBatchSize, prefix):
+        seen[-1].extend(int(e) for e in micro["episode_index"])
+        loss = -weight.sum() * micro["responses"].shape[0] / size.sequences
+        return loss, {"actor/pg_loss": float(loss.detach())}, {}
+
+    shape = UpdateShape(epochs=2, mini_batch_size=2, micro_batch_size=1,
+                        shared_prefix_tokens=0, grad_clip=1e9)
+    metrics, _ = run_epochs(batch, micro_loss, optim, [weight], shape,
+                            loss_mask=torch.ones(rows, 2), generator=torch.Generator(),
+                            role="actor")
+    steps = seen[:-1]
+    assert len(steps) == 4 and metrics["actor/passes"] == 2.0
+    for step in steps:
+        assert len(set(step)) == 2  # two trajectories ...
+        assert sorted(step) == sorted(int(e) for e in episodes if int(e) in step)  # ... whole
+    for first, second in ((steps[0], steps[1]), (steps[2], steps[3])):  # a pass: each once
+        assert sorted(set(first) | set(second)) == [0, 1, 2, 3]
+
+
 def update(tmp_path, *overrides: str) -> dict[str, float]:
     trainer = tiny_trainer(tmp_path, "actor.lr=2e-2", "actor.micro_batch_size=2", *overrides)
     try:
