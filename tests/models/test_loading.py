@@ -201,6 +201,30 @@ def test_cache_is_atomic_and_rebuilt_when_stale(monkeypatch, tmp_path):
     assert len(builds) == 2 and sorted(p.name for p in cache_root().iterdir()) == ["thing"]
 
 
+def test_a_cache_another_process_finished_first_is_kept_not_moved_under_its_readers(
+        monkeypatch, tmp_path):
+    # processes started together all find no cache and convert; the first to finish renames its
+    # folder in and loads from it: a later finisher must not move that folder aside (a reader
+    # in between finds no model) but use it
+    monkeypatch.setenv("AGENTRL_CACHE", str(tmp_path))
+    first = loading._cached_folder("thing", lambda folder: (folder / "data").write_text("first"))
+    record = (first / loading.SOURCE_FILE).read_text()
+    import shutil
+    shutil.rmtree(first)
+
+    def slow_build(folder):  # while this process converts, another one finishes
+        (folder / "data").write_text("second")
+        first.mkdir()
+        (first / "data").write_text("first")
+        (first / loading.SOURCE_FILE).write_text(record)
+        moved.append(first.stat().st_ino)
+
+    moved: list[int] = []
+    folder = loading._cached_folder("thing", slow_build)
+    assert (folder / "data").read_text() == "first" and folder.stat().st_ino == moved[0]
+    assert sorted(p.name for p in cache_root().iterdir()) == ["thing"]  # no temp dir left
+
+
 @pytest.mark.slow
 def test_embedded_model_is_converted_once_then_cached(monkeypatch):
     """The one slow test: the first load in a fresh cache de-quantizes the GGUF (~15-40 s)."""
