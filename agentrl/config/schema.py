@@ -250,7 +250,8 @@ class ActorConfig(Section):
     divide the kept batch (null = whole batch)."""
     micro_batch_size: int = setting(2, at_least(1), "an integer >= 1")
     """Rows per forward/backward pass (a trajectory is one row, or one a turn or context
-    window; gradients accumulate over a mini-batch); the critic's too. On verl: per GPU, at most a GPU's share of a mini-batch (capped to it)."""
+    window; gradients accumulate over a mini-batch); the critic's too. On verl: per GPU, at
+    most a GPU's share of a mini-batch (capped to it)."""
     shared_prefix_tokens: int = setting(32, at_least(0), "an integer >= 0 (0 = off)")
     """Local trainer: the leading tokens all rows of a micro-batch share (a group's first
     prompt) run once, when there are at least this many, and every row reads their keys and

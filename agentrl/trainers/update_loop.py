@@ -8,10 +8,11 @@ A mini-batch is whole trajectories (``batch["episode_index"]``: all the rows of 
 became one row per turn or per context window), so ``mini_batch_size`` counts what the config
 says it counts and a step takes the same number of optimizer steps however its episodes were
 cut into rows. The loop knows nothing of actors or critics: ``micro_loss(micro, size,
-prefix)`` is the role's loss on one micro-batch. What it owns is the bookkeeping every role shares: the shared prompt
-prefix of a run of micro-batches (:func:`agentrl.trainers.shared_prefix.plan_prefix_runs`),
-whose gradients reach the weights once after the run's last micro-batch; the gradient-norm clip;
-and an update whose loss or gradient is not finite, which is skipped rather than applied.
+prefix)`` is the role's loss on one micro-batch. What it owns is the bookkeeping every role
+shares: the shared prompt prefix of a run of micro-batches
+(:func:`agentrl.trainers.shared_prefix.plan_prefix_runs`), whose gradients reach the weights once
+after the run's last micro-batch; the gradient-norm clip; and an update whose loss or gradient is
+not finite, which is skipped rather than applied.
 """
 
 from __future__ import annotations
