@@ -65,10 +65,6 @@ def _check_batches(config: Any) -> None:
                          f"{batch} trajectories (ceil(rollout.filter_ratio * "
                          f"train.group_num) * train.group_size); allowed: null or one of "
                          f"{divisors(batch)}")
-    if mini is not None and config.actor.micro_batch_size > mini:
-        raise ValueError(f"actor.micro_batch_size={config.actor.micro_batch_size} is not "
-                         f"allowed: it exceeds actor.ppo_mini_batch_size={mini}; allowed: "
-                         f"an integer in [1, {mini}]")
 
 
 def _check_token_budget(config: Any) -> None:

@@ -435,7 +435,7 @@ class VerlConfig(Section):
 
     The hardware presets set them (``configs/hardware/{a100,h100,l40,cpu-verl}.yaml``, loosened
     for smaller models by ``configs/sizing/``); docs/HARDWARE.md gives the memory arithmetic.
-    Trajectories per forward/backward come from ``actor.micro_batch_size`` (per GPU here).
+    Rows per forward/backward come from ``actor.micro_batch_size`` (per GPU here).
     """
 
     KEY: ClassVar[str] = "verl"

@@ -226,9 +226,10 @@ def test_mini_batches_divide_the_kept_batch(default):
     assert changed(config, "actor.ppo_mini_batch_size", 3).actor.ppo_mini_batch_size == 3
     with pytest.raises(ValueError, match=r"ppo_mini_batch_size=4 .*\[1, 2, 3, 6\]"):
         changed(config, "actor.ppo_mini_batch_size", 4)
-    config = changed(config, "actor.ppo_mini_batch_size", 2)
-    with pytest.raises(ValueError, match=r"micro_batch_size=3 .*mini_batch_size=2"):
-        changed(config, "actor.micro_batch_size", 3)
+    # micro-batches count rows, mini-batches trajectories (a trajectory is a row per turn):
+    # more rows in a micro-batch than trajectories in a mini-batch is a valid set-up
+    config = changed(config, "actor.ppo_mini_batch_size", 1)
+    assert changed(config, "actor.micro_batch_size", 3).actor.micro_batch_size == 3
 
 
 @pytest.mark.parametrize("key, value", [
