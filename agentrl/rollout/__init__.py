@@ -4,7 +4,7 @@
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
 - :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``drop_uniform_groups``,
   ``step_advantages``, ``distance_shaping``, ``leave_out_after_missed_moves``,
-  ``normalize_returns``, ``turn_samples``.
+  ``normalize_returns``, ``turn_samples``, ``uniform_group_share``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout, one row per context window:
   ``context_samples``).
 - :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``),
@@ -24,6 +24,7 @@ from agentrl.rollout.groups import (
     run_groups,
     step_advantages,
     turn_samples,
+    uniform_group_share,
 )
 from agentrl.rollout.metrics import branch_metrics, rollout_metrics
 from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
@@ -33,5 +34,5 @@ __all__ = [
     "Turn", "context_samples", "distance_shaping", "drop_uniform_groups", "filter_groups",
     "first_prompt_ids", "group_trajectories", "leave_out_after_missed_moves",
     "normalize_returns", "normalize_scores", "rollout_metrics", "run_episode", "run_groups",
-    "step_advantages", "to_batch", "turn_samples",
+    "step_advantages", "to_batch", "turn_samples", "uniform_group_share",
 ]

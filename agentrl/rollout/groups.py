@@ -67,7 +67,7 @@ from agentrl.rollout.records import Trajectory
 
 __all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories",
            "leave_out_after_missed_moves", "missed_move_turns", "normalize_returns",
-           "run_groups", "step_advantages", "turn_samples"]
+           "run_groups", "step_advantages", "turn_samples", "uniform_group_share"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")
@@ -184,6 +184,16 @@ def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     groups = group_trajectories(trajectories).values()
     return [trajectories[i] for idx in groups
             if _std([_training_return(trajectories[i]) for i in idx]) > EPS for i in idx]
+
+
+def uniform_group_share(trajectories: Sequence[Trajectory]) -> float:
+    """The share of groups whose members' returns do not differ (0 for no groups): what
+    :func:`drop_uniform_groups` would leave out. Such a group gives GRPO no advantage at all,
+    and a critic-based one only its values' error; a share near 1 means a step compares almost
+    nothing within its games (groups of 8 at under ~8% or over ~92% success a game)."""
+    groups = group_trajectories(trajectories).values()
+    uniform = [_std([_training_return(trajectories[i]) for i in idx]) <= EPS for idx in groups]
+    return sum(uniform) / len(uniform) if uniform else 0.0
 
 
 def _training_return(trajectory: Trajectory) -> float:

@@ -16,6 +16,7 @@ from agentrl.rollout import (
     rollout_metrics,
     step_advantages,
     to_batch,
+    uniform_group_share,
 )
 from agentrl.rollout.batch import token_rewards
 
@@ -55,6 +56,16 @@ def test_drop_uniform_groups_keeps_groups_whose_returns_differ():
     assert drop_uniform_groups(TRAJS[:4]) == []
     singles = [traj(g, 1.0) for g in range(3)]  # a group of one compares nothing
     assert drop_uniform_groups(singles) == []
+
+
+def test_uniform_group_share_counts_the_groups_that_compare_nothing():
+    assert uniform_group_share(TRAJS) == pytest.approx(1 / 3)  # group 0 all returned 1.0
+    assert uniform_group_share(TRAJS[:4]) == 1.0
+    assert uniform_group_share(TRAJS[4:]) == 0.0
+    assert uniform_group_share([]) == 0.0
+    # what it measures is what drop_uniform_groups leaves out
+    kept_groups = {t.group_index for t in drop_uniform_groups(TRAJS)}
+    assert uniform_group_share(TRAJS) == pytest.approx(1 - len(kept_groups) / len(GROUPS))
 
 
 def test_drop_uniform_groups_sees_the_shaping_terms():

@@ -41,12 +41,14 @@ def run_step(tmp_path, drop: bool) -> tuple[dict[str, float], bool]:
 def test_a_step_of_uniform_groups_skips_the_update(tmp_path, one_torch_thread):
     metrics, moved = run_step(tmp_path, drop=True)
     assert metrics["train/kept_trajectories"] == 0
+    assert metrics["train/uniform_groups"] == 1.0  # a group of one compares nothing
     assert not moved and "actor/pg_loss" not in metrics
 
 
 def test_without_the_switch_the_same_step_updates(tmp_path, one_torch_thread):
     metrics, moved = run_step(tmp_path, drop=False)
     assert metrics["train/kept_trajectories"] == 2 and moved
+    assert metrics["train/uniform_groups"] == 1.0  # reported whether or not they are dropped
 
 
 def test_step_advantages_reach_the_update(tmp_path, one_torch_thread):
