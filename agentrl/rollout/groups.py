@@ -181,19 +181,23 @@ def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     compares nothing, and a near-greedy policy replays one episode ``group_size`` times: its
     update would follow only the critic's error, at the full cost of a forward and backward
     pass (DAPO's dynamic sampling, without resampling)."""
-    groups = group_trajectories(trajectories).values()
-    return [trajectories[i] for idx in groups
-            if _std([_training_return(trajectories[i]) for i in idx]) > EPS for i in idx]
+    return [trajectories[i] for idx in group_trajectories(trajectories).values()
+            if not _is_uniform(trajectories, idx) for i in idx]
 
 
 def uniform_group_share(trajectories: Sequence[Trajectory]) -> float:
     """The share of groups whose members' returns do not differ (0 for no groups): what
-    :func:`drop_uniform_groups` would leave out. Such a group gives GRPO no advantage at all,
-    and a critic-based one only its values' error; a share near 1 means a step compares almost
-    nothing within its games (groups of 8 at under ~8% or over ~92% success a game)."""
-    groups = group_trajectories(trajectories).values()
-    uniform = [_std([_training_return(trajectories[i]) for i in idx]) <= EPS for idx in groups]
+    :func:`drop_uniform_groups` would leave out. GRPO gives such a group no advantage; GAE its
+    returns against the critic's values. A share near 1 means a step compares almost nothing
+    within its games (groups of 8 at under ~8% or over ~92% success a game)."""
+    uniform = [_is_uniform(trajectories, idx)
+               for idx in group_trajectories(trajectories).values()]
     return sum(uniform) / len(uniform) if uniform else 0.0
+
+
+def _is_uniform(trajectories: Sequence[Trajectory], group: list[int]) -> bool:
+    """Whether the group's members (indices into ``trajectories``) got the same training return."""
+    return _std([_training_return(trajectories[i]) for i in group]) <= EPS
 
 
 def _training_return(trajectory: Trajectory) -> float:
