@@ -22,10 +22,13 @@ VERL_PROCESSES = ("tests/verl/", "tests/bench/test_learn_verl.py",
 """Tests that start verl, Ray or vLLM's CPU build (a trainer run takes up to ~10 GB)."""
 
 
+@pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
     """Under xdist (``-n 2 --dist loadgroup``, scripts/test.sh) the :data:`VERL_PROCESSES` tests
     run one after another on one worker, so two verl runs never share the machine's memory,
-    while the other worker takes the rest; without xdist the mark does nothing."""
+    while the other worker takes the rest; without xdist the mark does nothing. First among the
+    hooks: xdist reads the marks into the worker's test ids in its own hook, and this conftest
+    registers before it (pytest loads ``tests/conftest.py`` at start-up), so it would run after."""
     for item in items:
         if item.nodeid.startswith(VERL_PROCESSES):
             item.add_marker(pytest.mark.xdist_group("verl"))

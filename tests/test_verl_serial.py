@@ -1,0 +1,34 @@
+"""The suite's command (scripts/test.sh: ``-n 2 --dist loadgroup``) runs every test that starts
+verl on one xdist worker (tests/conftest.py: ``VERL_PROCESSES``): two verl runs side by side
+need ~20 GB and each other's cores, and a V1 run beside another has hung past its timeout."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import VERL_PROCESSES
+
+ROOT = Path(__file__).parent.parent
+VERL_FILES = ("tests/verl/test_child_run.py", "tests/verl/test_cluster.py")
+"""Quick files under ``tests/verl/`` (no run starts, no verl import): the grouping goes by test
+id, not by cost."""
+OTHER_FILE = "tests/test_stats.py"
+
+
+@pytest.mark.slow  # two xdist workers started: ~30 s
+def test_the_suite_runs_verls_tests_on_one_worker():
+    pytest.importorskip("xdist")
+    assert all(name.startswith(VERL_PROCESSES) for name in VERL_FILES)
+    done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup",
+                           "-p", "no:cacheprovider", "-p", "no:randomly", *VERL_FILES, OTHER_FILE],
+                          cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
+    assert done.returncode == 0, done.stdout[-3000:]
+    ran = re.findall(r"\[(gw\d+)\].*?(?:PASSED|SKIPPED|XFAIL|XPASS) (tests/\S+?)::", done.stdout)
+    workers = {path: {worker for worker, p in ran if p == path} for _, path in ran}
+    assert set(workers) >= {*VERL_FILES, OTHER_FILE}, done.stdout[-3000:]
+    assert len(set().union(*(workers[f] for f in VERL_FILES))) == 1, workers
