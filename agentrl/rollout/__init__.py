@@ -4,7 +4,7 @@
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
 - :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``drop_uniform_groups``,
   ``step_advantages``, ``distance_shaping``, ``leave_out_after_missed_moves``,
-  ``normalize_returns``, ``turn_samples``, ``uniform_group_share``.
+  ``normalize_returns``, ``turn_samples``, ``trajectory_groups``, ``uniform_group_metrics``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout, one row per context window:
   ``context_samples``).
 - :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``),
@@ -23,8 +23,9 @@ from agentrl.rollout.groups import (
     normalize_scores,
     run_groups,
     step_advantages,
+    trajectory_groups,
     turn_samples,
-    uniform_group_share,
+    uniform_group_metrics,
 )
 from agentrl.rollout.metrics import branch_metrics, rollout_metrics
 from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
@@ -34,5 +35,5 @@ __all__ = [
     "Turn", "context_samples", "distance_shaping", "drop_uniform_groups", "filter_groups",
     "first_prompt_ids", "group_trajectories", "leave_out_after_missed_moves",
     "normalize_returns", "normalize_scores", "rollout_metrics", "run_episode", "run_groups",
-    "step_advantages", "to_batch", "turn_samples", "uniform_group_share",
+    "step_advantages", "to_batch", "trajectory_groups", "turn_samples", "uniform_group_metrics",
 ]

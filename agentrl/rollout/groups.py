@@ -63,11 +63,12 @@ import torch
 
 from agentrl.agents import Agent, AgentConfig
 from agentrl.rollout.episode import ChatSuffix, run_episode
-from agentrl.rollout.records import Trajectory
+from agentrl.rollout.records import EpisodeOutcome, Trajectory
 
 __all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories",
            "leave_out_after_missed_moves", "missed_move_turns", "normalize_returns",
-           "run_groups", "step_advantages", "turn_samples", "uniform_group_share"]
+           "run_groups", "step_advantages", "trajectory_groups", "turn_samples",
+           "uniform_group_metrics"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")
@@ -141,6 +142,11 @@ def group_trajectories(trajectories: Sequence[Trajectory]) -> dict[tuple, list[i
     return dict(groups)
 
 
+def trajectory_groups(trajectories: Sequence[Trajectory]) -> list[list[Trajectory]]:
+    """``trajectories`` in their groups (:func:`group_trajectories`), in first-seen order."""
+    return [[trajectories[i] for i in idx] for idx in group_trajectories(trajectories).values()]
+
+
 def turn_samples(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     """Every turn's sampled replies (``Trajectory.turn_branches``) as one-turn trajectories, a
     group of their own per turn: replies to one context, compared with each other rather than
@@ -181,28 +187,35 @@ def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
     compares nothing, and a near-greedy policy replays one episode ``group_size`` times: its
     update would follow only the critic's error, at the full cost of a forward and backward
     pass (DAPO's dynamic sampling, without resampling)."""
-    return [trajectories[i] for idx in group_trajectories(trajectories).values()
-            if not _is_uniform(trajectories, idx) for i in idx]
+    return [member for group in trajectory_groups(trajectories) if not _is_uniform(group)
+            for member in group]
 
 
-def uniform_group_share(trajectories: Sequence[Trajectory]) -> float:
-    """The share of groups whose members' returns do not differ (0 for no groups): what
-    :func:`drop_uniform_groups` would leave out. GRPO gives such a group no advantage; GAE its
-    returns against the critic's values. A share near 1 means a step compares almost nothing
-    within its games (groups of 8 at under ~8% or over ~92% success a game)."""
-    uniform = [_is_uniform(trajectories, idx)
-               for idx in group_trajectories(trajectories).values()]
-    return sum(uniform) / len(uniform) if uniform else 0.0
+def uniform_group_metrics(groups: Iterable[Sequence[Trajectory | EpisodeOutcome]]
+                          ) -> dict[str, float]:
+    """``train/uniform_groups``: the share of ``groups`` whose members' returns do not differ
+    (0 for no groups), what :func:`drop_uniform_groups` would leave out; and
+    ``train/uniform_groups_won``: the share whose members all won alike (the rest of the
+    uniform ones all lost or drew alike). GRPO gives such a group no advantage; GAE its returns
+    against the critic's values. A share near 1 means a step compares almost nothing within its
+    games (groups of 8 at under ~8% or over ~92% success a game). Members are trajectories
+    (local) or episode outcomes (verl: a group is a task row's episodes)."""
+    groups = [list(group) for group in groups]
+    uniform = [group for group in groups if _is_uniform(group)]
+    won = [group for group in uniform if all(member.success for member in group)]
+    share = (lambda part: len(part) / len(groups)) if groups else (lambda part: 0.0)
+    return {"train/uniform_groups": share(uniform), "train/uniform_groups_won": share(won)}
 
 
-def _is_uniform(trajectories: Sequence[Trajectory], group: list[int]) -> bool:
-    """Whether the group's members (indices into ``trajectories``) got the same training return."""
-    return _std([_training_return(trajectories[i]) for i in group]) <= EPS
+def _is_uniform(group: Sequence[Trajectory | EpisodeOutcome]) -> bool:
+    """Whether the group's members got the same training return."""
+    return _std([_training_return(member) for member in group]) <= EPS
 
 
-def _training_return(trajectory: Trajectory) -> float:
-    """The return training sees: the episode's, plus its shaping terms when shaped."""
-    return trajectory.episode_return + sum(trajectory.turn_shaping or ())
+def _training_return(episode: Trajectory | EpisodeOutcome) -> float:
+    """The return training sees: the episode's, plus its shaping terms when shaped (an
+    outcome has none: verl does not shape)."""
+    return episode.episode_return + sum(getattr(episode, "turn_shaping", None) or ())
 
 
 def step_advantages(trajectories: Sequence[Trajectory], gamma: float = 1.0

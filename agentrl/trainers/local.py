@@ -58,7 +58,7 @@ from agentrl.models import load_model
 from agentrl.rollout import (branch_metrics, distance_shaping, drop_uniform_groups,
                              filter_groups, leave_out_after_missed_moves, normalize_returns,
                              rollout_metrics, run_groups, step_advantages, to_batch,
-                             turn_samples, uniform_group_share)
+                             trajectory_groups, turn_samples, uniform_group_metrics)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers.best import BestKeeper
 from agentrl.trainers.checkpoint import (BestRecord, checkpoint_problem, clear_best,
@@ -394,7 +394,7 @@ class LocalTrainer:
             # the discount between turns: gamma under gamma_unit=turn; a per-token gamma has no
             # per-turn equivalent, so turns are then compared and shaped undiscounted
             turn_gamma = algo.gamma if algo.gamma_unit == "turn" else 1.0
-            metrics["train/uniform_groups"] = uniform_group_share(trajectories)
+            metrics.update(uniform_group_metrics(trajectory_groups(trajectories)))
             kept = filter_groups(trajectories, r.filter_ratio, r.filter_mode)
             if algo.distance_shaping:  # first: a group whose shaping differs still compares
                 kept = distance_shaping(kept, algo.distance_shaping, turn_gamma)

@@ -45,12 +45,11 @@ import json
 import logging
 import math
 import os
-from collections import Counter
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from agentrl.rollout import EpisodeOutcome, rollout_metrics
+from agentrl.rollout import EpisodeOutcome, rollout_metrics, uniform_group_metrics
 from agentrl.trainers.tracking import (
     METRICS_FILE,
     RESERVED_KEYS,
@@ -62,8 +61,8 @@ from agentrl.trainers.tracking import (
 )
 
 __all__ = ["CONSTRAINT_VIOLATIONS", "SPLITS", "VERL_LOG_ENV", "EpisodeMetricsLog",
-           "batch_metrics", "episode_outcomes", "finish_tracking_after", "finish_wandb_at_exit",
-           "ingest_verl_log", "read_verl_log", "record_kind", "verl_log_path", "verl_run_outputs"]
+           "batch_metrics", "episode_groups", "episode_outcomes", "finish_tracking_after",
+           "finish_wandb_at_exit", "ingest_verl_log", "read_verl_log", "record_kind", "verl_log_path", "verl_run_outputs"]
 
 log = logging.getLogger(__name__)
 
@@ -149,20 +148,26 @@ def episode_outcomes(infos: Iterable[Mapping[str, Any] | None], per_row: int
     """The outcomes of a batch's episodes, at most ``per_row`` per task row (the rest are
     verl's padding copies). Rows without an outcome (another AgentLoop's) are skipped; a row
     without ``index`` is told apart by its preset and seed."""
+    return [outcome for group in episode_groups(infos, per_row) for outcome in group]
+
+
+def episode_groups(infos: Iterable[Mapping[str, Any] | None], per_row: int
+                   ) -> list[list[EpisodeOutcome]]:
+    """:func:`episode_outcomes` by task row, in first-seen order: a row's ``rollout.n``
+    episodes play one game, the local engine's agent group."""
     if per_row < 1:
         raise ValueError(f"per_row={per_row}: allowed: an integer >= 1")
-    seen: Counter = Counter()
-    outcomes = []
+    groups: dict[tuple, list[EpisodeOutcome]] = {}
     for info in infos:
         if info is None:
             continue
         outcome = EpisodeOutcome.from_dict(info)
         index = info.get("index")
         row = ("index", index) if index is not None else ("game", outcome.preset, outcome.seed)
-        seen[row] += 1
-        if seen[row] <= per_row:
-            outcomes.append(outcome)
-    return outcomes
+        group = groups.setdefault(row, [])
+        if len(group) < per_row:
+            group.append(outcome)
+    return list(groups.values())
 
 
 def batch_metrics(outcomes: list[EpisodeOutcome], split: str) -> dict[str, float]:
@@ -289,11 +294,13 @@ class EpisodeMetricsLog:
         step = meta_info.get("global_steps")
         if infos is None or step is None:
             return {}
-        outcomes = episode_outcomes(infos, per_row)
-        if not outcomes:
+        groups = episode_groups(infos, per_row)
+        if not groups:
             return {}
         split = "val" if meta_info.get("validate", False) else "train"
-        metrics = batch_metrics(outcomes, split)
+        metrics = batch_metrics([outcome for group in groups for outcome in group], split)
+        if split == "train":
+            metrics.update(uniform_group_metrics(groups))
         self.log(int(step), split, metrics)
         return metrics
 

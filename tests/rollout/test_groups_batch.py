@@ -16,7 +16,8 @@ from agentrl.rollout import (
     rollout_metrics,
     step_advantages,
     to_batch,
-    uniform_group_share,
+    trajectory_groups,
+    uniform_group_metrics,
 )
 from agentrl.rollout.batch import token_rewards
 
@@ -58,14 +59,28 @@ def test_drop_uniform_groups_keeps_groups_whose_returns_differ():
     assert drop_uniform_groups(singles) == []
 
 
-def test_uniform_group_share_counts_the_groups_that_compare_nothing():
-    assert uniform_group_share(TRAJS) == pytest.approx(1 / 3)  # group 0 all returned 1.0
-    assert uniform_group_share(TRAJS[:4]) == 1.0
-    assert uniform_group_share(TRAJS[4:]) == 0.0
-    assert uniform_group_share([]) == 0.0
+def uniform_share(trajectories) -> float:
+    return uniform_group_metrics(trajectory_groups(trajectories))["train/uniform_groups"]
+
+
+def test_uniform_group_metrics_count_the_groups_that_compare_nothing():
+    assert uniform_share(TRAJS) == pytest.approx(1 / 3)  # group 0 all returned 1.0
+    assert uniform_share(TRAJS[:4]) == 1.0
+    assert uniform_share(TRAJS[4:]) == 0.0
+    assert uniform_group_metrics([]) == {"train/uniform_groups": 0.0,
+                                         "train/uniform_groups_won": 0.0}
     # what it measures is what drop_uniform_groups leaves out
     kept_groups = {t.group_index for t in drop_uniform_groups(TRAJS)}
-    assert uniform_group_share(TRAJS) == pytest.approx(1 - len(kept_groups) / len(GROUPS))
+    assert uniform_share(TRAJS) == pytest.approx(1 - len(kept_groups) / len(GROUPS))
+
+
+def test_uniform_groups_that_all_won_are_told_from_those_that_all_lost():
+    lost = [traj(3, -1.0) for _ in range(4)]  # all lost alike: uniform, not won
+    metrics = uniform_group_metrics(trajectory_groups([*TRAJS, *lost]))
+    assert metrics == {"train/uniform_groups": 0.5, "train/uniform_groups_won": 0.25}
+    # a group that all won in different ways (returns differ) is not uniform
+    mixed_wins = [traj(4, 1.0), traj(4, 2.0)]
+    assert uniform_group_metrics([mixed_wins])["train/uniform_groups_won"] == 0.0
 
 
 def test_drop_uniform_groups_sees_the_shaping_terms():

@@ -42,6 +42,8 @@ def test_a_step_of_uniform_groups_skips_the_update(tmp_path, one_torch_thread):
     metrics, moved = run_step(tmp_path, drop=True)
     assert metrics["train/kept_trajectories"] == 0
     assert metrics["train/uniform_groups"] == 1.0  # a group of one compares nothing
+    # groups of one: the share that all won is the share of episodes won
+    assert metrics["train/uniform_groups_won"] == metrics["train/banditAgent/success"]
     assert not moved and "actor/pg_loss" not in metrics
 
 

@@ -102,6 +102,20 @@ def test_log_batch_reads_step_and_split_from_verls_meta_info(tmp_path, capsys):
     assert "agentrl val step 7 | val p 1" in capsys.readouterr().out
 
 
+def test_a_training_batch_reports_its_uniform_groups_as_the_local_engine_does(tmp_path):
+    """A task row's episodes are its agent group: row 0 all won alike, row 1 all lost alike,
+    row 2 split; validation compares nothing and reports none."""
+    log = EpisodeMetricsLog(tmp_path, use_wandb=False, console=False)
+    infos = [info("p", 1, True, 0), info("p", 1, True, 0), info("p", 2, False, 1),
+             info("p", 2, False, 1), info("p", 3, True, 2), info("p", 3, False, 2),
+             info("p", 1, False, 0)]  # the last: a padding copy past the row's 2
+    logged = log.log_batch(infos, {"global_steps": 3}, per_row=2)
+    assert logged["train/uniform_groups"] == pytest.approx(2 / 3)
+    assert logged["train/uniform_groups_won"] == pytest.approx(1 / 3)
+    val = log.log_batch(infos, {"global_steps": 3, "validate": True}, per_row=2)
+    assert not any("uniform" in key for key in val)
+
+
 def verl_line(step: int, **data) -> str:
     """One line of verl's ``file`` logger (``verl.utils.tracking.FileLogger``)."""
     return json.dumps({"step": step, "data": data}) + "\n"
