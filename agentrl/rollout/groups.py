@@ -203,8 +203,9 @@ def uniform_group_metrics(groups: Iterable[Sequence[Trajectory | EpisodeOutcome]
     groups = [list(group) for group in groups]
     uniform = [group for group in groups if _is_uniform(group)]
     won = [group for group in uniform if all(member.success for member in group)]
-    share = (lambda part: len(part) / len(groups)) if groups else (lambda part: 0.0)
-    return {"train/uniform_groups": share(uniform), "train/uniform_groups_won": share(won)}
+    count = max(1, len(groups))
+    return {"train/uniform_groups": len(uniform) / count,
+            "train/uniform_groups_won": len(won) / count}
 
 
 def _is_uniform(group: Sequence[Trajectory | EpisodeOutcome]) -> bool:

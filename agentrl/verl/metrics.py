@@ -62,7 +62,8 @@ from agentrl.trainers.tracking import (
 
 __all__ = ["CONSTRAINT_VIOLATIONS", "SPLITS", "VERL_LOG_ENV", "EpisodeMetricsLog",
            "batch_metrics", "episode_groups", "episode_outcomes", "finish_tracking_after",
-           "finish_wandb_at_exit", "ingest_verl_log", "read_verl_log", "record_kind", "verl_log_path", "verl_run_outputs"]
+           "finish_wandb_at_exit", "ingest_verl_log", "read_verl_log", "record_kind",
+           "verl_log_path", "verl_run_outputs"]
 
 log = logging.getLogger(__name__)
 
