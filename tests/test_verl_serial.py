@@ -4,6 +4,7 @@ need ~20 GB and each other's cores, and a V1 run beside another has hung past it
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import subprocess
 import sys
@@ -11,9 +12,17 @@ from pathlib import Path
 
 import pytest
 
-from conftest import VERL_PROCESSES
-
 ROOT = Path(__file__).parent.parent
+
+
+def verl_processes() -> tuple[str, ...]:
+    """``tests/conftest.py``'s :data:`VERL_PROCESSES`, read from its file (``import conftest``
+    may find another folder's conftest first)."""
+    spec = importlib.util.spec_from_file_location("tests_conftest", ROOT / "tests/conftest.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.VERL_PROCESSES
+
 VERL_FILES = ("tests/verl/test_child_run.py", "tests/verl/test_cluster.py")
 """Quick files under ``tests/verl/`` (no run starts, no verl import): the grouping goes by test
 id, not by cost."""
@@ -23,7 +32,7 @@ OTHER_FILE = "tests/test_stats.py"
 @pytest.mark.slow  # two xdist workers started: ~30 s
 def test_the_suite_runs_verls_tests_on_one_worker():
     pytest.importorskip("xdist")
-    assert all(name.startswith(VERL_PROCESSES) for name in VERL_FILES)
+    assert all(name.startswith(verl_processes()) for name in VERL_FILES)
     done = subprocess.run([sys.executable, "-m", "pytest", "-v", "-n", "2", "--dist", "loadgroup",
                            "-p", "no:cacheprovider", "-p", "no:randomly", *VERL_FILES, OTHER_FILE],
                           cwd=ROOT, capture_output=True, text=True, timeout=600, check=False)
