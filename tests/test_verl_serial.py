@@ -23,6 +23,7 @@ def verl_processes() -> tuple[str, ...]:
     spec.loader.exec_module(module)
     return module.VERL_PROCESSES
 
+
 VERL_FILES = ("tests/verl/test_child_run.py", "tests/verl/test_cluster.py")
 """Quick files under ``tests/verl/`` (no run starts, no verl import): the grouping goes by test
 id, not by cost."""

@@ -194,13 +194,14 @@ def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
 def uniform_group_metrics(groups: Iterable[Sequence[Trajectory | EpisodeOutcome]]
                           ) -> dict[str, float]:
     """``train/uniform_groups``: the share of ``groups`` whose members' returns do not differ
-    (0 for no groups), what :func:`drop_uniform_groups` would leave out; and
-    ``train/uniform_groups_won``: the share whose members all won alike (the rest of the
-    uniform ones all lost or drew alike). GRPO gives such a group no advantage; GAE its returns
+    (0 for no groups; empty groups are not counted), what :func:`drop_uniform_groups` would
+    leave out; and ``train/uniform_groups_won``: the share whose members all won with the same
+    return. GRPO gives such a group no advantage (undiscounted: under ``gamma_unit: turn`` with
+    gamma < 1, equal returns reached in different turn counts still differ); GAE its returns
     against the critic's values. A share near 1 means a step compares almost nothing within its
     games (groups of 8 at under ~8% or over ~92% success a game). Members are trajectories
     (local) or episode outcomes (verl: a group is a task row's episodes)."""
-    groups = [list(group) for group in groups]
+    groups = [list(group) for group in groups if group]
     uniform = [group for group in groups if _is_uniform(group)]
     won = [group for group in uniform if all(member.success for member in group)]
     count = max(1, len(groups))

@@ -1,5 +1,6 @@
 """Our rollout metrics on verl, under the names the local engine logs: ``train/<preset>/...``,
-``val/<preset>/...`` and ``timing/...``.
+``val/<preset>/...``, ``timing/...`` and a training batch's ``train/uniform_groups`` and
+``train/uniform_groups_won`` (a task row's episodes are its group).
 
 verl logs its own metrics (``actor/*``, ``critic/*``, ``timing_s/*``, ``val-core/*``) and has no
 hook for a project's own. Every batch of episodes, training and validation, passes through our
@@ -154,8 +155,9 @@ def episode_outcomes(infos: Iterable[Mapping[str, Any] | None], per_row: int
 
 def episode_groups(infos: Iterable[Mapping[str, Any] | None], per_row: int
                    ) -> list[list[EpisodeOutcome]]:
-    """:func:`episode_outcomes` by task row, in first-seen order: a row's ``rollout.n``
-    episodes play one game, the local engine's agent group."""
+    """:func:`episode_outcomes` by task row, in first-seen order: a row's episodes (at most
+    ``per_row``: ``rollout.n``, or ``val_kwargs.n`` when validating) play one game, the local
+    engine's agent group."""
     if per_row < 1:
         raise ValueError(f"per_row={per_row}: allowed: an integer >= 1")
     groups: dict[tuple, list[EpisodeOutcome]] = {}

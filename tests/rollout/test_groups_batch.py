@@ -81,6 +81,7 @@ def test_uniform_groups_that_all_won_are_told_from_those_that_all_lost():
     # a group that all won in different ways (returns differ) is not uniform
     mixed_wins = [traj(4, 1.0), traj(4, 2.0)]
     assert uniform_group_metrics([mixed_wins])["train/uniform_groups_won"] == 0.0
+    assert uniform_group_metrics([[], mixed_wins]) == uniform_group_metrics([mixed_wins])
 
 
 def test_drop_uniform_groups_sees_the_shaping_terms():
