@@ -20,17 +20,29 @@ def pytest_configure(config):
 VERL_PROCESSES = ("tests/verl/", "tests/bench/test_learn_verl.py",
                   "tests/bench/test_verl_startup_bench.py")
 """Tests that start verl, Ray or vLLM's CPU build (a trainer run takes up to ~10 GB)."""
+IN_PROCESS = ("tests/verl/test_agent_loop.py", "tests/verl/test_cpu_platform.py",
+              "tests/verl/test_data.py", "tests/verl/test_data_new_games.py",
+              "tests/verl/test_doctor_probe.py", "tests/verl/test_preflight.py",
+              "tests/verl/test_returns.py", "tests/verl/test_turn_discount.py")
+"""Files under :data:`VERL_PROCESSES` that start no process (verl's code on fakes, its config
+checks, its dispatch replayed in memory): either worker takes them. The preflight's replays alone
+are ~8 minutes of one core; a new file under ``tests/verl/`` is serial until listed here."""
+
+
+def runs_verl(nodeid: str) -> bool:
+    """Whether the test starts verl, Ray or vLLM (so it waits for the others that do)."""
+    return nodeid.startswith(VERL_PROCESSES) and not nodeid.startswith(IN_PROCESS)
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config, items):
-    """Under xdist (``-n 2 --dist loadgroup``, scripts/test.sh) the :data:`VERL_PROCESSES` tests
-    run one after another on one worker, so two verl runs never share the machine's memory,
-    while the other worker takes the rest; without xdist the mark does nothing. First among the
+    """Under xdist (``-n 2 --dist loadgroup``, scripts/test.sh) the tests that start verl
+    (:func:`runs_verl`) run one after another on one worker, so two verl runs never share the
+    machine's memory, while the other worker takes the rest; without xdist the mark does nothing. First among the
     hooks: xdist reads the marks into the worker's test ids in its own hook, and this conftest
     registers before it (pytest loads ``tests/conftest.py`` at start-up), so it would run after."""
     for item in items:
-        if item.nodeid.startswith(VERL_PROCESSES):
+        if runs_verl(item.nodeid):
             item.add_marker(pytest.mark.xdist_group("verl"))
 
 
