@@ -1,8 +1,8 @@
 """TextWorld: the on-disk game pool, cross-process determinism, golden play, the oracle.
 
 Generating a game takes ~1-2 s, so the tests share one pool directory (kept in pytest's cache
-between runs) whose games are made in 2 processes, once. The oracle run over 50 seeds per preset
-(150 games to generate on a first run) is marked slow.
+between runs) whose games are made in 2 processes, once. The oracle run over 20 seeds per preset
+(60 games to generate on a first run) is marked slow.
 """
 
 import json
@@ -31,7 +31,9 @@ GOLDEN_START_ACTIONS = [
     "go north", "inventory", "look", "take glove from rack", "take scarf",
 ]
 FAST_SEEDS = (GOLDEN_SEED, 1)
-ORACLE_SEEDS = range(50)
+ORACLE_SEEDS = range(20)
+"""The oracle's seeds: the longest walkthrough of each preset is its quest length on almost every
+seed (47-49 of the first 50), so 20 show it at 40% of the generation."""
 NONSENSE = ["", "   ", "x" * 100_000, "🤖 ünïcødé ⛄", "\x00\n\t", None, 42, "<answer>"]
 ENGINE_WORDS = ["quit", "restart", "undo", "save", "restore", "xyzzy", "insert glove into chest",
                 "go south", "take glove", "take the glove from the rack", "tw-trace-actions"]
@@ -480,9 +482,9 @@ def test_oracle_solves_fast_seeds(fast_games, preset):
         play_oracle(env, seed)
 
 
-@pytest.mark.slow  # ~2-3 min on 2 cores when the 150 games are not in the kept pool yet
+@pytest.mark.slow  # ~1 min on 2 cores when the 60 games are not in the kept pool yet
 @pytest.mark.parametrize("preset", list(PRESETS))
-def test_oracle_solves_50_seeds(oracle_games, preset):
+def test_oracle_solves_20_seeds(oracle_games, preset):
     env = make(oracle_games, preset=preset)
     lengths = [len(play_oracle(env, seed)) for seed in ORACLE_SEEDS]
     assert max(lengths) == PRESETS[preset]["quest_length"]
