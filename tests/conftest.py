@@ -38,9 +38,10 @@ def runs_verl(nodeid: str) -> bool:
 def pytest_collection_modifyitems(config, items):
     """Under xdist (``-n 2 --dist loadgroup``, scripts/test.sh) the tests that start verl
     (:func:`runs_verl`) run one after another on one worker, so two verl runs never share the
-    machine's memory, while the other worker takes the rest; without xdist the mark does nothing. First among the
-    hooks: xdist reads the marks into the worker's test ids in its own hook, and this conftest
-    registers before it (pytest loads ``tests/conftest.py`` at start-up), so it would run after."""
+    machine's memory, while the other worker takes the rest; without xdist the mark does
+    nothing. First among the hooks: xdist reads the marks into the worker's test ids in its own
+    hook, and this conftest registers before it (pytest loads ``tests/conftest.py`` at
+    start-up), so it would run after."""
     for item in items:
         if runs_verl(item.nodeid):
             item.add_marker(pytest.mark.xdist_group("verl"))

