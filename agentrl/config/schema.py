@@ -176,6 +176,9 @@ class RolloutConfig(Section):
     drop_uniform_groups: bool = False
     """Then drop every group whose members all got the same return; a step with none left
     skips its update (local only)."""
+    drop_uniform_outcome: Literal["any", "won", "lost"] = "any"
+    """Which uniform groups ``drop_uniform_groups`` drops: any, only those that all won, or
+    only those that all lost (local only)."""
     turn_branches: int = setting(0, at_least(0), "an integer >= 0")
     """Training episodes sample this many more replies at every turn, each played one action
     on a copy of the game, and PPO trains on every turn's replies as a group of their own (one-

@@ -57,7 +57,7 @@ import asyncio
 import dataclasses
 import math
 from collections import defaultdict
-from typing import Any, Awaitable, Callable, Iterable, Mapping, Sequence
+from typing import Any, Awaitable, Callable, Iterable, Literal, Mapping, Sequence
 
 import torch
 
@@ -181,13 +181,25 @@ def filter_groups(trajectories: Sequence[Trajectory], filter_ratio: float = 1.0,
     return [trajectories[i] for g in kept for i in groups[g]]
 
 
-def drop_uniform_groups(trajectories: Sequence[Trajectory]) -> list[Trajectory]:
+def drop_uniform_groups(trajectories: Sequence[Trajectory],
+                        outcome: Literal["any", "won", "lost"] = "any") -> list[Trajectory]:
     """The groups whose members' returns differ (with their shaping terms, when
     :func:`distance_shaping` ran first); may be none. A group that all won or all lost alike
     compares nothing, and a near-greedy policy replays one episode ``group_size`` times: its
     update would follow only the critic's error, at the full cost of a forward and backward
-    pass (DAPO's dynamic sampling, without resampling)."""
-    return [member for group in trajectory_groups(trajectories) if not _is_uniform(group)
+    pass (DAPO's dynamic sampling, without resampling). ``outcome`` ``won`` (``lost``) drops
+    only the uniform groups that all won (did not all win), to tell which kind's update a
+    policy gains from."""
+    if outcome not in ("any", "won", "lost"):
+        raise ValueError(f"outcome={outcome!r}; allowed: 'any', 'won', 'lost'")
+
+    def dropped(group: Sequence[Trajectory]) -> bool:
+        if not _is_uniform(group):
+            return False
+        won = all(member.success for member in group)
+        return outcome == "any" or won == (outcome == "won")
+
+    return [member for group in trajectory_groups(trajectories) if not dropped(group)
             for member in group]
 
 

@@ -403,7 +403,7 @@ class LocalTrainer:
                 flags = [out for t in kept for out in t.turns_left_out]
                 metrics["train/turns_left_out"] = sum(flags) / max(1, len(flags))
             if r.drop_uniform_groups:
-                kept = drop_uniform_groups(kept)
+                kept = drop_uniform_groups(kept, r.drop_uniform_outcome)
         metrics["train/kept_trajectories"] = float(len(kept))
         if not kept:  # every group played alike: nothing to compare, no update
             metrics.update(timer.metrics())

@@ -59,6 +59,16 @@ def test_drop_uniform_groups_keeps_groups_whose_returns_differ():
     assert drop_uniform_groups(singles) == []
 
 
+def test_drop_uniform_groups_can_leave_out_only_the_won_or_only_the_lost():
+    lost = [traj(3, -1.0) for _ in range(4)]  # all lost alike; group 0 all won alike
+    trajectories = [*TRAJS, *lost]
+    assert drop_uniform_groups(trajectories) == TRAJS[4:]
+    assert drop_uniform_groups(trajectories, "won") == [*TRAJS[4:], *lost]
+    assert drop_uniform_groups(trajectories, "lost") == TRAJS
+    with pytest.raises(ValueError, match="allowed: 'any', 'won', 'lost'"):
+        drop_uniform_groups(trajectories, "all")
+
+
 def uniform_share(trajectories) -> float:
     return uniform_group_metrics(trajectory_groups(trajectories))["train/uniform_groups"]
 

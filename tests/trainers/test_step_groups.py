@@ -31,11 +31,12 @@ def one_step(run_dir, preset: str, *overrides: str) -> tuple[dict[str, float], b
     return metrics, moved
 
 
-def run_step(tmp_path, drop: bool) -> tuple[dict[str, float], bool]:
+def run_step(tmp_path, drop: bool, outcome: str = "any") -> tuple[dict[str, float], bool]:
     """One PPO step on groups of one episode (each compares nothing)."""
-    return one_step(tmp_path / str(drop), "banditAgent", "train.group_num=2",
+    return one_step(tmp_path / f"{drop}-{outcome}", "banditAgent", "train.group_num=2",
                     "train.group_size=1", "rollout.max_new_tokens=4", "actor.lr=1e-2",
-                    f"rollout.drop_uniform_groups={str(drop).lower()}")
+                    f"rollout.drop_uniform_groups={str(drop).lower()}",
+                    f"rollout.drop_uniform_outcome={outcome}")
 
 
 def test_a_step_of_uniform_groups_skips_the_update(tmp_path, one_torch_thread):
@@ -45,6 +46,12 @@ def test_a_step_of_uniform_groups_skips_the_update(tmp_path, one_torch_thread):
     # groups of one: the share that all won is the share of episodes won
     assert metrics["train/uniform_groups_won"] == metrics["train/banditAgent/success"]
     assert not moved and "actor/pg_loss" not in metrics
+
+
+def test_dropping_only_the_won_groups_keeps_the_lost(tmp_path, one_torch_thread):
+    metrics, _ = run_step(tmp_path, drop=True, outcome="won")
+    lost = 2 * (1 - metrics["train/uniform_groups_won"])  # groups of one: each lost or won
+    assert metrics["train/kept_trajectories"] == lost
 
 
 def test_without_the_switch_the_same_step_updates(tmp_path, one_torch_thread):
