@@ -211,6 +211,10 @@ def show(result: dict[str, Any]) -> None:
           "better/worse = games PPO won on more / fewer seeds, the sign test's p")
 
 
+LEGEND_COLUMNS = 3
+"""Labels a legend row holds within the plot's width (a lever's label is ~20 characters)."""
+
+
 def plot(result: dict[str, Any], path: Path) -> Path:
     import matplotlib
 
@@ -221,7 +225,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     bars = [("warm start (SFT)", lambda r: r["sft"]), ("SFT + PPO", lambda r: r["sft_ppo"])]
     bars += [(f"SFT + PPO +{name}", lambda r, name=name: r["levers"][name]["success"])
              for name in result["levers"]]
-    fig, ax = plt.subplots(figsize=(6.5, 3.9))
+    legend_rows = -(-len(bars) // LEGEND_COLUMNS)
+    fig, ax = plt.subplots(figsize=(6.5, 3.6 + 0.2 * legend_rows))
     width = 0.8 / len(bars)
     for i, (label, value) in enumerate(bars):
         ax.bar([x + (i - (len(bars) - 1) / 2) * width for x in range(len(rows))],
@@ -233,7 +238,7 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax.set(ylabel="held-out greedy success", ylim=(0, 1.08),
            title=f"What PPO adds ({result['preset']}, {result['val_games']} games, paired)")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1),
-              ncol=len(bars))  # under the axes: clear of the bars and the gains' labels
+              ncol=min(len(bars), LEGEND_COLUMNS))  # under the axes: clear of the bars
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
