@@ -25,12 +25,12 @@ def top_level_names(tree: ast.Module) -> set[str]:
 
 
 def test_every_name_imported_from_a_test_module_is_defined_there():
-    modules = {path.stem: path for path in TESTS.rglob("*.py")}
+    trees = {path: ast.parse(path.read_text()) for path in TESTS.rglob("*.py")}
+    defined = {path.stem: top_level_names(tree) for path, tree in trees.items()}
     missing = []
-    for path in TESTS.rglob("*.py"):
-        for node in ast.walk(ast.parse(path.read_text())):
-            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in modules:
-                defined = top_level_names(ast.parse(modules[node.module].read_text()))
+    for path, tree in trees.items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.ImportFrom) and node.level == 0 and node.module in defined:
                 missing += [f"{path.relative_to(TESTS)}:{node.lineno}: {node.module}.{a.name}"
-                            for a in node.names if a.name not in defined]
+                            for a in node.names if a.name not in defined[node.module]]
     assert not missing, "imported but not defined:\n" + "\n".join(missing)

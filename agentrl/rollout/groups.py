@@ -194,10 +194,7 @@ def drop_uniform_groups(trajectories: Sequence[Trajectory],
         raise ValueError(f"outcome={outcome!r}; allowed: 'any', 'won', 'lost'")
 
     def dropped(group: Sequence[Trajectory]) -> bool:
-        if not _is_uniform(group):
-            return False
-        won = all(member.success for member in group)
-        return outcome == "any" or won == (outcome == "won")
+        return _is_uniform(group) and (outcome == "any" or _all_won(group) == (outcome == "won"))
 
     return [member for group in trajectory_groups(trajectories) if not dropped(group)
             for member in group]
@@ -215,7 +212,7 @@ def uniform_group_metrics(groups: Iterable[Sequence[Trajectory | EpisodeOutcome]
     (local) or episode outcomes (verl: a group is a task row's episodes)."""
     groups = [list(group) for group in groups if group]
     uniform = [group for group in groups if _is_uniform(group)]
-    won = [group for group in uniform if all(member.success for member in group)]
+    won = [group for group in uniform if _all_won(group)]
     count = max(1, len(groups))
     return {"train/uniform_groups": len(uniform) / count,
             "train/uniform_groups_won": len(won) / count}
@@ -224,6 +221,11 @@ def uniform_group_metrics(groups: Iterable[Sequence[Trajectory | EpisodeOutcome]
 def _is_uniform(group: Sequence[Trajectory | EpisodeOutcome]) -> bool:
     """Whether the group's members got the same training return."""
     return _std([_training_return(member) for member in group]) <= EPS
+
+
+def _all_won(group: Sequence[Trajectory | EpisodeOutcome]) -> bool:
+    """Whether every member of the group won."""
+    return all(member.success for member in group)
 
 
 def _training_return(episode: Trajectory | EpisodeOutcome) -> float:

@@ -10,7 +10,6 @@ import sys
 from pathlib import Path
 from types import SimpleNamespace
 
-import pytest
 from omegaconf import OmegaConf
 
 from agentrl.trainers.episode_log import read_episodes
@@ -128,13 +127,11 @@ def test_v1s_replay_buffer_logs_each_batch_it_hands_the_trainer(tmp_path):
     """Our V1 replay buffer, built as verl builds a custom sampler (its settings resolved from
     verl's keys), reads a batch's extra_fields from TransferQueue and logs it: one episode per
     session, training and validation. Needs TransferQueue (the verl CPU venv)."""
-    from agentrl.trainers.tracking import read_metrics
-    from agentrl.verl.child_run import verl_cpu_python
+    from verl_runs import v1_python
 
-    python = verl_cpu_python()
-    if python is None or subprocess.run([python, "-c", "import transfer_queue"],
-                                        capture_output=True).returncode:
-        pytest.skip("verl's V1 trainer needs TransferQueue: `bash env_setup.sh --verl-cpu`")
+    from agentrl.trainers.tracking import read_metrics
+
+    python = v1_python()
     script = tmp_path / "buffer.py"
     script.write_text(REPLAY_BUFFER_SCRIPT)
     done = subprocess.run([python, str(script), str(tmp_path)], capture_output=True, text=True,
