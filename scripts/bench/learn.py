@@ -453,40 +453,43 @@ def engine(config: Any) -> Iterator[tuple[BatchingLLM, Any]]:
         gc.collect()
 
 
-def play_held_out(config: Any, label: str = "model") -> EvalResult:
-    """Greedy held-out play of ``config.model`` as PPO's validation plays it, every episode in
-    the result."""
+def play_held_out(config: Any, label: str = "model", split: str = "val") -> EvalResult:
+    """Greedy held-out play of ``config.model`` as PPO's validation plays it (on ``split``'s
+    games), every episode in the result."""
     r = config.rollout
     tokens = config.val.max_new_tokens or r.max_new_tokens
     with engine(config) as (llm, tokenizer):
         return asyncio.run(evaluate(
             dict(config.playing_presets(config.val.presets, tokens)), llm,
-            groups=config.val.group_num, tokenizer=tokenizer,
+            groups=config.val.group_num, split=split, tokenizer=tokenizer,
             sampling=SamplingParams(greedy=True, max_new_tokens=tokens,
                                     constrained_actions=config.constrained_actions),
             max_context_tokens=r.max_context_tokens, label=label))
 
 
-def held_out_wins(config: Any) -> list[bool]:
+def held_out_wins(config: Any, split: str = "val") -> list[bool]:
     """Each held-out game's win (in the split's seed order) of ``config.model``, greedy and
     constrained as PPO's validation plays."""
-    result = play_held_out(config, label="paired")
+    result = play_held_out(config, label="paired", split=split)
     won = {t.seed: bool(t.success) for t in result.trajectories}
     return [won[seed] for seed in result.seeds]
 
 
 def paired_stage(configs: Configs, folder: Path, name: str, seed: int, checkpoint: str,
-                 owner: argparse.Namespace) -> dict[str, Any]:
+                 owner: argparse.Namespace, split: str = "val") -> dict[str, Any]:
     """The held-out wins, game by game, of a stage's ``checkpoint`` (as its record stores it,
-    ``owner`` the arguments of the benchmark that trained it): what paired comparisons of models
-    on the same games (McNemar) read. Playing is cheap and depends on nothing else, so a record
-    of another checkpoint (a PPO run resumed to more steps) is played again, not refused."""
-    settings = configs.settings(model=name, checkpoint=checkpoint)
+    ``owner`` the arguments of the benchmark that trained it) on ``split``'s first games: what
+    paired comparisons of models on the same games (McNemar) read. Playing is cheap and depends
+    on nothing else, so a record of another checkpoint (a PPO run resumed to more steps) is
+    played again, not refused."""
+    # a record names its split unless it is "val" (the records made before there was a choice)
+    settings = configs.settings(model=name, checkpoint=checkpoint,
+                                **({} if split == "val" else {"split": split}))
     with contextlib.suppress(ValueError):  # ValueError: made with other settings
         if (record := cached_stage(folder, settings)) is not None:
             return record
     config = configs.build(constrained=True, seed=seed, model=str(located(owner, checkpoint)))
-    wins = held_out_wins(config)
+    wins = held_out_wins(config, split)
     return save_stage(folder, settings, {"wins": wins, "success": sum(wins) / len(wins),
                                          "games": len(wins)})
 

@@ -16,7 +16,8 @@ Per training seed:
    ``<--run-dir>/sft_ppo@<groups>x<group-size>/``.
 3. **Paired evaluation**: both models play the same ``--val-groups`` instance-disjoint held-out
    games greedy (constrained decoding, as PPO validates), one episode a game, each game's win
-   recorded (``<--run-dir>/paired/<model>/``).
+   recorded (``<--run-dir>/paired/<model>/``). ``--split test`` plays the test split's games
+   instead (``paired@test/``): games no lever or default was chosen on.
 
 Reported per seed and over the seeds: both success rates; ``gain = sft_ppo - sft`` with the 95%
 interval of the paired difference; McNemar's exact test (the games one won and the other lost);
@@ -74,6 +75,10 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                         metavar="NAME=KEY=VALUE[,KEY=VALUE]",
                         help="one more PPO run with these overrides on its PPO stage, compared "
                              "on the same games; repeat for more levers")
+    parser.add_argument("--split", choices=("val", "test"), default="val",
+                        help="the held-out split the paired games are drawn from: val (what PPO "
+                             "validates on; default) or test (games nothing was chosen on, "
+                             "played into <run-dir>/paired@test/)")
     args = parser.parse_args(argv)
     args.levers = LEARN.parse_levers(parser, args.lever)
     if args.preset == LEARN.BANDIT:
@@ -88,18 +93,29 @@ def compared(wins: list[bool], base: list[bool]) -> dict[str, Any]:
     return {"gain": gain, "gain_ci95": list(interval), "mcnemar": mcnemar(wins, base)}
 
 
+def paired_dir(args: argparse.Namespace) -> Path:
+    """Where the paired games' records go: ``paired/`` for the val split, ``paired@test/``."""
+    return args.run_dir / ("paired" if args.split == "val" else f"paired@{args.split}")
+
+
+def paired(args: argparse.Namespace, model: str, seed: int, checkpoint: str) -> dict[str, Any]:
+    """``checkpoint``'s wins on the paired games (``<paired_dir>/<model>/seed_<seed>``)."""
+    folder = paired_dir(args)
+    return LEARN.paired_stage(
+        LEARN.Configs(argparse.Namespace(**{**vars(args), "run_dir": folder})),
+        folder / model / f"seed_{seed}", model, seed, checkpoint, args, args.split)
+
+
 def ppo_arm(args: argparse.Namespace, seed: int, warm: dict[str, Any], model: str, arm: str,
             overrides: list[str]) -> dict[str, Any]:
     """One PPO run from the warm start (``overrides`` on its PPO stage, in ``sft_ppo@<arm>``)
-    and its paired wins (``paired/<model>``)."""
+    and its paired wins (``<paired_dir>/<model>``)."""
     configs = LEARN.Configs(args)
     ppo = LEARN.ppo_stage(configs, "sft_ppo", seed, {**warm, "train_minutes": 0.0},
                           (arm, overrides))
-    paired = LEARN.paired_stage(LEARN.Configs(argparse.Namespace(
-        **{**vars(args), "run_dir": args.run_dir / "paired"})),
-        args.run_dir / "paired" / model / f"seed_{seed}", model, seed, ppo["checkpoint"], args)
+    played = paired(args, model, seed, ppo["checkpoint"])
     records = LEARN.read_metrics(args.run_dir / f"sft_ppo@{arm}" / f"seed_{seed}" / "metrics.jsonl")
-    return {"success": paired["success"], "wins": paired["wins"], "ppo_steps": ppo["steps"],
+    return {"success": played["success"], "wins": played["wins"], "ppo_steps": ppo["steps"],
             "ppo_train_minutes": ppo["train_minutes"], "ppo_validation": ppo["after"],
             "health": LEARN.health_of(records),
             # the critic's mark (the issue's): its explained variance averaged from step 5 on
@@ -115,14 +131,11 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     base = [f"train.group_num={args.groups}", f"train.group_size={args.group_size}"]
     arms = {"sft_ppo": (size, base), **{f"sft_ppo+{name}": (f"{size}+{name}", [*base, *overrides])
                                         for name, overrides in args.levers.items()}}
-    paired_folder = args.run_dir / "paired" / "sft" / f"seed_{seed}"
-    evaluated = all((args.run_dir / "paired" / model / f"seed_{seed}" / LEARN.STAGE_FILE).is_file()
+    evaluated = all((paired_dir(args) / model / f"seed_{seed}" / LEARN.STAGE_FILE).is_file()
                     for model in ("sft", *arms))
     warm = LEARN.sft_stage(LEARN.Configs(argparse.Namespace(**{**vars(args), "minutes": None})),
                            seed, need_checkpoint=not evaluated)
-    sft = LEARN.paired_stage(LEARN.Configs(argparse.Namespace(
-        **{**vars(args), "run_dir": args.run_dir / "paired"})), paired_folder, "sft", seed,
-        warm["checkpoint"], args)
+    sft = paired(args, "sft", seed, warm["checkpoint"])
     # PPO's whole --minutes: the warm start is not its budget (as scripts/bench/pool.py)
     ppo, *lever_runs = (ppo_arm(args, seed, warm, model, arm, overrides)
                         for model, (arm, overrides) in arms.items())
@@ -204,7 +217,8 @@ def show(result: dict[str, Any]) -> None:
     spread = "" if m["gain_seed_sd"] is None else f", sd {m['gain_seed_sd']:.1%} over the seeds"
     verdict = "meets" if result["passed"] else "misses"
     print(f"mean gain {m['gain']:+.1%}{spread} ({verdict} the goal of {GOAL:+.0%}); "
-          f"{result['val_games']} held-out games a model, greedy, paired. Per "
+          f"{result['val_games']} held-out games ({result['split']} split) a model, greedy, "
+          "paired. Per "
           "seed: won/lost = games only PPO / only the warm start won, McNemar's p; EV from step "
           f"{EV_FROM} on, clip, KL and entropy per real choice over all steps; mean rows: "
           "each game's difference averaged over the seeds (the same games every seed), "
@@ -253,7 +267,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         LEARN.prune_checkpoints(LEARN.TRAINED_STAGES)
     mean = summarize(runs)
     result = {"preset": args.preset, "seeds": [r["seed"] for r in runs],
-              "val_games": args.val_groups, "minutes": args.minutes, "steps": args.steps,
+              "val_games": args.val_groups, "split": args.split, "minutes": args.minutes, "steps": args.steps,
               "groups": args.groups, "group_size": args.group_size,
               "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
               "overrides": args.overrides, "levers": args.levers, "goal": GOAL, "gain": mean["gain"],
