@@ -101,8 +101,8 @@ def test_a_paired_record_of_another_checkpoint_is_played_again(bench, tmp_path, 
     stage of other settings is otherwise refused (playing depends on nothing else)."""
     learn = bench.LEARN
     played = []
-    monkeypatch.setattr(learn, "held_out_wins", lambda config: played.append(config.model.name)
-                        or [True, False])
+    monkeypatch.setattr(learn, "held_out_wins", lambda config, split: played.append(
+        config.model.name) or [True, False])
     args = bench.parse_args(["--run-dir", str(tmp_path), "--val-groups", "2", "model=tiny"])
     configs = learn.Configs(args)
     folder = tmp_path / "paired" / "sft_ppo" / "seed_0"
@@ -113,3 +113,24 @@ def test_a_paired_record_of_another_checkpoint_is_played_again(bench, tmp_path, 
     assert played == [str(tmp_path / "run/checkpoints/step_000016"),
                       str(tmp_path / "run/checkpoints/step_000020")]
     assert more["settings"]["checkpoint"].endswith("step_000020") and more["games"] == 2
+
+
+def test_the_test_split_is_played_apart_from_the_val_records(bench, tmp_path, monkeypatch):
+    """``--split test``: the paired games are the test split's, recorded under ``paired@test/``
+    with their split named; the val records beside them are neither read nor overwritten."""
+    learn = bench.LEARN
+    played = []
+    monkeypatch.setattr(learn, "held_out_wins", lambda config, split: played.append(split)
+                        or ([True, True] if split == "test" else [False, False]))
+    checkpoint = "run/checkpoints/step_000016"
+    records = {}
+    for split in ("val", "test", "val", "test"):
+        args = bench.parse_args(["--run-dir", str(tmp_path), "--val-groups", "2",
+                                 "--split", split, "model=tiny"])
+        records[split] = bench.paired(args, "sft", 0, checkpoint)
+    assert played == ["val", "test"]  # each split played once, then read back
+    assert records["test"]["wins"] == [True, True] and records["val"]["wins"] == [False, False]
+    test_record = json.loads((tmp_path / "paired@test" / "sft" / "seed_0" / "stage.json"
+                              ).read_text())
+    val_record = json.loads((tmp_path / "paired" / "sft" / "seed_0" / "stage.json").read_text())
+    assert test_record["settings"]["split"] == "test" and "split" not in val_record["settings"]
