@@ -54,7 +54,6 @@ def _check_local_only_features(config: Any) -> None:
         "rollout.filter_ratio": (config.rollout.filter_ratio, 1.0),
         "rollout.norm_method": (config.rollout.norm_method, "identity"),
         "rollout.drop_uniform_groups": (config.rollout.drop_uniform_groups, False),
-        "rollout.drop_uniform_outcome": (config.rollout.drop_uniform_outcome, "any"),
         "rollout.turn_branches": (config.rollout.turn_branches, 0),
         "algorithm.step_advantage_weight": (config.algorithm.step_advantage_weight, 0.0),
         "algorithm.distance_shaping": (config.algorithm.distance_shaping, 0.0),

@@ -262,8 +262,7 @@ def test_observe_reads_model_tokens_only():
     (["critic.head_fit=lstsq"], "head_fit"),
     (["critic.fit_window=0"], "fit_window"),
     (["critic.head_fit=ridge", "critic.head_hidden=16"], "head_hidden"),
-    (["critic.head_fit=ridge", "backend=verl", "model=tiny_vllm",
-      "critic.share_backbone=false"], "head_fit")])
+    (["critic.head_fit=ridge", "hardware=cpu-verl", "model=tiny_vllm"], "head_fit")])
 def test_bad_head_settings_fail_naming_the_key(overrides, key):
     with pytest.raises(ValueError, match=key):
         compose_config(["model=tiny", *overrides])

@@ -127,4 +127,6 @@ def test_moments_with_lora_or_on_verl_are_refused(tmp_path, key):
         build_config({**data, "lora": {"rank": 4, "alpha": 8}})
     with pytest.raises(ValueError, match=f"{key}=True is not allowed with backend='verl'"):
         build_config({**data, "backend": "verl", "model": {**data["model"], "name": str(tmp_path)},
-                      "critic": {**data["critic"], "share_backbone": False}})
+                      # the CPU preset's local-only keys at verl's values
+                      "critic": {**data["critic"], "share_backbone": False},
+                      "rollout": {**data["rollout"], "drop_uniform_groups": False}})

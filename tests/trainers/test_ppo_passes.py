@@ -143,7 +143,8 @@ VERL_VALUES = {"actor.target_kl": None, "critic.ppo_mini_batch_size": None,
 def test_verl_refuses_the_local_keys(tmp_path, key, value):
     data = compose_config(["model=tiny"]).to_dict()
     data.update(backend="verl", model={**data["model"], "name": str(tmp_path)})
-    data["critic"]["share_backbone"] = False
+    data["critic"]["share_backbone"] = False  # the CPU preset's local-only keys: verl's values
+    data["rollout"]["drop_uniform_groups"] = False
     for setting, allowed in VERL_VALUES.items():
         section, name = setting.split(".")
         data[section][name] = allowed
