@@ -174,7 +174,8 @@ INTERRUPTED_RUN = ["model=tiny", "train.total_steps=4", "train.presets=[banditAg
                    "val.presets=[banditAgent]", "val.group_num=2", "train.group_num=1",
                    "train.group_size=2", "rollout.max_new_tokens=8", "threads=1",
                    "trainer.logger=[console]", "trainer.plot=false", "val.before_train=false",
-                   "val.test_freq=1", "trainer.save_freq=1"]
+                   "val.test_freq=1", "trainer.save_freq=1",
+                   "rollout.drop_uniform_groups=false"]  # every step updates: "actor update"
 
 
 def _interrupted(command: list[str], cwd, marker: str, after: str, timeout: float = 300):

@@ -178,7 +178,8 @@ class RolloutConfig(Section):
     skips its update (local only)."""
     drop_uniform_outcome: Literal["any", "won", "lost"] = "any"
     """Which uniform groups ``drop_uniform_groups`` drops: any, only those that all won, or
-    only those that all lost (read only where it drops: verl accepts it, unread)."""
+    only those that all lost. Read only with ``drop_uniform_groups`` (local only), so verl,
+    which refuses that key, accepts any value here and ignores it."""
     turn_branches: int = setting(0, at_least(0), "an integer >= 0")
     """Training episodes sample this many more replies at every turn, each played one action
     on a copy of the game, and PPO trains on every turn's replies as a group of their own (one-

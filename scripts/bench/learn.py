@@ -38,7 +38,7 @@ spread over seeds (min-max and std), the gain over before, and the wall minutes 
 (training, and with evaluation). Random legal play and the oracle are the reference rows. JSON
 goes to ``--out`` (via :func:`agentrl.cli.bench.write_result`), the plot beside it (``.png``).
 
-Budget: ``--steps`` PPO steps (the CPU hardware preset: 2 groups x 4 episodes a step) and
+Budget: ``--steps`` PPO steps (the CPU hardware preset: 4 groups x 8 episodes a step) and
 ``--sft-episodes`` x ``--sft-epochs`` SFT. ``--minutes M`` also caps the training wall time of a
 run: the trainers get a deadline (``fit(deadline=...)``) and stop after the PPO step or SFT
 update that passes it (the last PPO step is validated and saved as usual), so a recipe never

@@ -45,6 +45,7 @@ processes sharing ``--run-dir``.
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 from pathlib import Path
 from typing import Any
@@ -81,6 +82,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
                              "played into <run-dir>/paired@test/)")
     args = parser.parse_args(argv)
     args.levers = LEARN.parse_levers(parser, args.lever)
+    if args.split != "val" and args.out == parser.get_default("out"):  # beside, not over, val's
+        args.out = str(Path(args.out).with_stem(f"{Path(args.out).stem}@{args.split}"))
     if args.preset == LEARN.BANDIT:
         parser.error(f"--preset {LEARN.BANDIT} has no warm start to compare with; allowed: an "
                      "agent preset")
@@ -94,7 +97,8 @@ def compared(wins: list[bool], base: list[bool]) -> dict[str, Any]:
 
 
 def paired_dir(args: argparse.Namespace) -> Path:
-    """Where the paired games' records go: ``paired/`` for the val split, ``paired@test/``."""
+    """Where the paired games' records go: ``paired/`` for the val split, ``paired@<split>/``
+    for another."""
     return args.run_dir / ("paired" if args.split == "val" else f"paired@{args.split}")
 
 
@@ -125,14 +129,35 @@ def ppo_arm(args: argparse.Namespace, seed: int, warm: dict[str, Any], model: st
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 
+def require_checkpoints(args: argparse.Namespace, seed: int, to_play: dict[str, str | None]
+                        ) -> None:
+    """Stop before any work where a trained model whose games are still to play has lost its
+    checkpoint (pruned at the end of the process that trained it): training it again could give
+    another model, paired against runs from the first. ``to_play``: model -> its PPO arm (None:
+    the warm start)."""
+    lost = []
+    for model, arm in to_play.items():
+        folder = args.run_dir / ("sft" if arm is None else f"sft_ppo@{arm}") / f"seed_{seed}"
+        if (folder / LEARN.STAGE_FILE).is_file():
+            record = json.loads((folder / LEARN.STAGE_FILE).read_text())
+            if not LEARN.located(args, record["checkpoint"]).is_dir():
+                lost.append(f"{model} ({folder / LEARN.STAGE_FILE})")
+    if lost:
+        raise SystemExit(f"seed {seed}: {', '.join(lost)} trained without a kept checkpoint, and "
+                         f"its games on the {args.split} split are still to play; train with "
+                         "--keep-checkpoints (or restore the checkpoints), or use a new --run-dir")
+
+
 def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
     """The warm start, PPO from it (and each lever's), their paired held-out wins compared."""
     size = f"{args.groups}x{args.group_size}"
     base = [f"train.group_num={args.groups}", f"train.group_size={args.group_size}"]
     arms = {"sft_ppo": (size, base), **{f"sft_ppo+{name}": (f"{size}+{name}", [*base, *overrides])
                                         for name, overrides in args.levers.items()}}
-    evaluated = all((paired_dir(args) / model / f"seed_{seed}" / LEARN.STAGE_FILE).is_file()
-                    for model in ("sft", *arms))
+    to_play = [model for model in ("sft", *arms)
+               if not (paired_dir(args) / model / f"seed_{seed}" / LEARN.STAGE_FILE).is_file()]
+    require_checkpoints(args, seed, {model: arms.get(model, (None,))[0] for model in to_play})
+    evaluated = not to_play
     warm = LEARN.sft_stage(LEARN.Configs(argparse.Namespace(**{**vars(args), "minutes": None})),
                            seed, need_checkpoint=not evaluated)
     sft = paired(args, "sft", seed, warm["checkpoint"])
@@ -194,17 +219,17 @@ def show(result: dict[str, Any]) -> None:
     print(f"{'seed':>5} {'PPO run':<12} {'sft':>6} {'+PPO':>6} {'gain':>7} {'95% interval':>16} "
           f"{'won/lost':>9} {'p':>6} {'steps':>5} {'EV':>6} {'clip':>6} {'KL':>7} {'entropy':>7}")
     size = f"{result['groups']}x{result['group_size']}"
-    def split(test: dict[str, Any]) -> tuple[int, int, float]:
+    def counts(test: dict[str, Any]) -> tuple[int, int, float]:
         return test["only_a"], test["only_b"], test["p"]
 
     def games(pooled: dict[str, Any]) -> tuple[int, int, float]:
         return pooled["better"], pooled["worse"], pooled["p"]
 
     for r in result["runs"]:
-        line(r["seed"], size, r["sft"], r["sft_ppo"], r, split(r["mcnemar"]), r)
+        line(r["seed"], size, r["sft"], r["sft_ppo"], r, counts(r["mcnemar"]), r)
         for name, lever in r.get("levers", {}).items():
             line(r["seed"], f"+{name}", r["sft"], lever["success"], lever,
-                 split(lever["mcnemar"]), lever)
+                 counts(lever["mcnemar"]), lever)
     m = result["mean"]
     line("mean", size, m["sft"], m["sft_ppo"], m["pooled"], games(m["pooled"]), None)
     for name, lever in m.get("levers", {}).items():
@@ -218,8 +243,7 @@ def show(result: dict[str, Any]) -> None:
     verdict = "meets" if result["passed"] else "misses"
     print(f"mean gain {m['gain']:+.1%}{spread} ({verdict} the goal of {GOAL:+.0%}); "
           f"{result['val_games']} held-out games ({result['split']} split) a model, greedy, "
-          "paired. Per "
-          "seed: won/lost = games only PPO / only the warm start won, McNemar's p; EV from step "
+          "paired. Per seed: won/lost = games only PPO / only the warm start won, McNemar's p; EV from step "
           f"{EV_FROM} on, clip, KL and entropy per real choice over all steps; mean rows: "
           "each game's difference averaged over the seeds (the same games every seed), "
           "better/worse = games PPO won on more / fewer seeds, the sign test's p")
@@ -250,7 +274,8 @@ def plot(result: dict[str, Any], path: Path) -> Path:
     ax.set_xticks(range(len(rows)), [f"seed {r['seed']}" if r["seed"] != "mean" else "mean"
                                      for r in rows])
     ax.set(ylabel="held-out greedy success", ylim=(0, 1.08),
-           title=f"What PPO adds ({result['preset']}, {result['val_games']} games, paired)")
+           title=f"What PPO adds ({result['preset']}, {result['val_games']} "
+                 f"{result['split']} games, paired)")
     ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.1),
               ncol=min(len(bars), LEGEND_COLUMNS))  # under the axes: clear of the bars
     fig.tight_layout()
@@ -267,7 +292,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         LEARN.prune_checkpoints(LEARN.TRAINED_STAGES)
     mean = summarize(runs)
     result = {"preset": args.preset, "seeds": [r["seed"] for r in runs],
-              "val_games": args.val_groups, "split": args.split, "minutes": args.minutes, "steps": args.steps,
+              "val_games": args.val_groups, "split": args.split, "minutes": args.minutes,
+              "steps": args.steps,
               "groups": args.groups, "group_size": args.group_size,
               "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
               "overrides": args.overrides, "levers": args.levers, "goal": GOAL, "gain": mean["gain"],

@@ -72,13 +72,18 @@ def main(argv: list[str] | None = None) -> dict:
                 metrics = trainer.train_step(step)
                 metrics["wall_s"] = time.perf_counter() - start
                 metrics.update(_engine_delta(engine_before, trainer.llm.stats.as_dict()))
-                update_tokens, update_rows, read = tokens.pop()
+                # a step whose groups were all dropped (rollout.drop_uniform_groups) updates none
+                update_tokens, update_rows, read = tokens.pop() if tokens else (0, 0, 0)
                 metrics["update_tokens"], metrics["update_rows"] = update_tokens, update_rows
                 metrics["update_tokens_read"] = read
                 steps.append(metrics)
             generation = trainer.llm.stats.as_dict()
-            rows = round(sum(m["update_rows"] for m in steps) / len(steps))
-            tokens_per_row = sum(m["update_tokens"] for m in steps) / len(steps) / rows
+            updated = [m for m in steps if m["update_rows"]]
+            if not updated:
+                raise SystemExit("no step updated the model: every group was dropped "
+                                 "(rollout.drop_uniform_groups); run more --steps or set it false")
+            rows = round(sum(m["update_rows"] for m in updated) / len(updated))
+            tokens_per_row = sum(m["update_tokens"] for m in updated) / len(updated) / rows
             trainer.llm.prefix_cache.clear()  # the engine's stored turns: not the update's
             bare = bare_update_tokens_per_s(trainer.actor, rows=rows,
                                             width=max(2, round(tokens_per_row)),

@@ -134,3 +134,18 @@ def test_the_test_split_is_played_apart_from_the_val_records(bench, tmp_path, mo
                               ).read_text())
     val_record = json.loads((tmp_path / "paired" / "sft" / "seed_0" / "stage.json").read_text())
     assert test_record["settings"]["split"] == "test" and "split" not in val_record["settings"]
+
+
+def test_a_new_split_needs_the_kept_checkpoints(bench, tmp_path):
+    """Played on the val split, pruned: the test split's games cannot be played from those
+    runs, and the run stops before training anything again (another warm start could be another
+    model, paired against PPO runs from the first). Its result goes beside val's, not over it."""
+    for folder in ("sft", "sft_ppo@4x8"):
+        record = tmp_path / folder / "seed_0" / "stage.json"
+        record.parent.mkdir(parents=True)
+        record.write_text(json.dumps({"checkpoint": f"{folder}/seed_0/checkpoints/step_000016"}))
+    args = bench.parse_args(["--run-dir", str(tmp_path), "--split", "test", "model=tiny"])
+    assert Path(args.out).name == "learn_ppo@test.json"
+    with pytest.raises(SystemExit, match=r"seed 0: sft \(.*\), sft_ppo \(.*--keep-checkpoints"):
+        bench.run_seed(args, 0)
+    assert not (tmp_path / "paired@test").exists()

@@ -54,3 +54,13 @@ def test_the_tokens_the_update_reads_fall_with_the_shared_prefix(tmp_path, load_
         read[share] = step["update_tokens_read"], step["update_tokens"]
     assert read[0][0] >= read[0][1]  # every row's tokens, in at least one pass
     assert 0 < read[16][0] < read[0][0]
+
+
+def test_a_step_whose_groups_were_all_dropped_is_not_an_update(tmp_path, load_script):
+    """Replies cut at one token lose every game; dropping the all-lost groups leaves the step
+    nothing to update: a clear stop, not a crash on the missing update's counts."""
+    bench = load_script("scripts/bench/train.py")
+    with pytest.raises(SystemExit, match="no step updated the model"):
+        bench.main(["--steps", "1", "--out", str(tmp_path / "t.json"), "model=tiny",
+                    "rollout.max_new_tokens=1", "rollout.drop_uniform_groups=true",
+                    "rollout.drop_uniform_outcome=lost", *ONE_GROUP])

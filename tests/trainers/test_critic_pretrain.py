@@ -30,7 +30,9 @@ def bandit_config(run_dir, *overrides: str):
         "val.presets=[banditAgent]", "val.test_freq=0", "val.before_train=false",
         "trainer.logger=[]", "trainer.plot=false", "trainer.save_freq=0", f"run_dir={run_dir}",
         "train.group_num=2", "train.group_size=2", "rollout.max_new_tokens=4", "actor.lr=1e-2",
-        "critic.lr=1e-2", "threads=1", *overrides])
+        "critic.lr=1e-2", "threads=1",
+        "rollout.drop_uniform_groups=false",  # every step updates, whatever the games' outcomes
+        *overrides])
 
 
 @pytest.mark.parametrize("epochs", [1, 2])  # 2: old log-probs from a pass of their own
