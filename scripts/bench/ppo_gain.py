@@ -156,7 +156,8 @@ def run_seed(args: argparse.Namespace, seed: int) -> dict[str, Any]:
                                         for name, overrides in args.levers.items()}}
     to_play = [model for model in ("sft", *arms)
                if not (paired_dir(args) / model / f"seed_{seed}" / LEARN.STAGE_FILE).is_file()]
-    require_checkpoints(args, seed, {model: arms.get(model, (None,))[0] for model in to_play})
+    require_checkpoints(args, seed, {model: arms[model][0] if model in arms else None
+                                     for model in to_play})
     evaluated = not to_play
     warm = LEARN.sft_stage(LEARN.Configs(argparse.Namespace(**{**vars(args), "minutes": None})),
                            seed, need_checkpoint=not evaluated)
@@ -243,8 +244,9 @@ def show(result: dict[str, Any]) -> None:
     verdict = "meets" if result["passed"] else "misses"
     print(f"mean gain {m['gain']:+.1%}{spread} ({verdict} the goal of {GOAL:+.0%}); "
           f"{result['val_games']} held-out games ({result['split']} split) a model, greedy, "
-          "paired. Per seed: won/lost = games only PPO / only the warm start won, McNemar's p; EV from step "
-          f"{EV_FROM} on, clip, KL and entropy per real choice over all steps; mean rows: "
+          "paired. Per seed: won/lost = games only PPO / only the warm start won, McNemar's p; "
+          f"EV from step {EV_FROM} on, clip, KL and entropy per real choice over all steps; "
+          "mean rows: "
           "each game's difference averaged over the seeds (the same games every seed), "
           "better/worse = games PPO won on more / fewer seeds, the sign test's p")
 
