@@ -46,7 +46,10 @@ trains longer than M minutes plus one step; ``sft_ppo``'s PPO gets what its SFT 
 least one step). Evaluation is not counted.
 
 Resuming: a finished stage writes ``stage.json`` in its folder and is not run again (with other
-settings the benchmark refuses the folder, naming it); a stopped PPO run resumes from its newest
+settings the benchmark refuses the folder, naming it). A stage's settings hold its resolved
+config (the SFT and PPO sections, the preset's agent settings), so a default changed since it ran
+is refused too, naming the key; a record from before they held it reads back on its overrides
+alone, with a note. A stopped PPO run resumes from its newest
 checkpoint (``resume=auto``, every ``trainer.save_freq`` steps), with a fresh ``--minutes``;
 a finished PPO stage asked for more ``--steps`` (``--val-every`` may change too) goes on from
 its last checkpoint when it is still there (``--keep-checkpoints``), its curve and minutes
@@ -94,6 +97,7 @@ import gc
 import json
 import shutil
 import statistics
+import sys
 import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -115,6 +119,11 @@ from agentrl.trainers.tracking import read_metrics
 BANDIT = "first-token-bandit"
 STAGE_FILE = "stage.json"
 TRAINED_STAGES: set[Path] = set()
+SFT_SECTIONS = ("model", "lora", "sft")
+PPO_SECTIONS = ("model", "lora", "train", "rollout", "algorithm", "actor", "critic")
+"""The config sections a stage's record holds resolved (:meth:`Configs.resolved`)."""
+UNRESOLVED = {("model", "name"), ("sft", "output_dir"), ("train", "total_steps")}
+"""Keys a stage's settings hold otherwise (``start_from``, ``steps``) or that name a path."""
 """The stage folders this process trained (made or extended): the only checkpoints it prunes."""
 OUTPUT = script_module(Path(__file__).parent / "output" / "learn.py")
 """The table and the plot (scripts/bench/output/learn.py)."""
@@ -319,6 +328,16 @@ class Configs:
         return {"preset": args.preset, "val_groups": args.val_groups,
                 "overrides": args.overrides, **arms, **stage}
 
+    def resolved(self, config: Any, sections: tuple[str, ...]) -> dict[str, Any]:
+        """``sections`` of a stage's config as JSON reads them back, with the preset's agent
+        settings: the overrides alone miss a default that changed between two runs into one
+        ``--run-dir``, and a stage trained under the old default must not read back as the new
+        one's. Paths and the step count (a setting of its own) are left out."""
+        data = json.loads(json.dumps(config.to_dict(), default=str))
+        values = {section: {key: value for key, value in data[section].items()
+                            if (section, key) not in UNRESOLVED} for section in sections}
+        return {**values, "agent": data["agents"].get(self.args.preset)}
+
     def decoding(self, recipe: str) -> bool:
         """The recipe's constrained decoding (never for the bandit: its first free token is the
         task)."""
@@ -353,16 +372,36 @@ def cached_stage(folder: Path, settings: dict[str, Any], *, extends: bool = Fals
     if not path.is_file():
         return None
     record = json.loads(path.read_text())
-    if record["settings"] == settings:
+    stored = record["settings"]
+    unchecked = "config" in settings and "config" not in stored
+    if unchecked:  # a record from before stage records held their resolved config
+        settings = {key: value for key, value in settings.items() if key != "config"}
+    if stored == settings:
+        if unchecked:
+            print(f"note: {path} holds no resolved config; read back on its overrides alone "
+                  "(a default changed since it ran is not seen)", file=sys.stderr)
         return record
-    if extends and more_steps(record["settings"], settings):
+    if extends and more_steps(stored, settings):
         if latest_checkpoint(folder) is not None:  # what the trainer's resume=auto takes
             return None
-        raise ValueError(f"{folder} ran {record['settings']['steps']} steps and its checkpoint "
+        raise ValueError(f"{folder} ran {stored['steps']} steps and its checkpoint "
                          f"is gone, so it cannot go on to {settings['steps']}; allowed: its "
                          "--steps, or a run kept with --keep-checkpoints")
-    raise ValueError(f"{folder} holds a run made with other settings ({record['settings']} "
-                     f"!= {settings}); remove it or choose another --run-dir")
+    changed = config_changes(stored.get("config"), settings.get("config"))
+    raise ValueError(f"{folder} holds a run made with other settings "
+                     + (f"(resolved config: {'; '.join(changed)}); " if changed else
+                        f"({stored} != {settings}); ")
+                     + "remove it or choose another --run-dir")
+
+
+def config_changes(stored: dict[str, Any] | None, wanted: dict[str, Any] | None) -> list[str]:
+    """``section.key: stored -> wanted`` for each resolved key that differs."""
+    if not stored or not wanted:
+        return []
+    return [f"{section}.{key}: {old.get(key)!r} -> {new.get(key)!r}"
+            for section in sorted(set(stored) | set(wanted))
+            for old, new in [(stored.get(section) or {}, wanted.get(section) or {})]
+            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
 
 
 def more_steps(saved: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -498,16 +537,17 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
     """Oracle demonstrations, SFT to the budget, evaluation, checkpoint (shared by sft_ppo)."""
     args = configs.args
     folder = args.run_dir / "sft" / f"seed_{seed}"
-    settings = configs.settings(episodes=args.sft_episodes, epochs=args.sft_epochs,
-                                minutes=args.minutes)
-    record = cached_stage(folder, settings)
-    if record is not None and (not need_checkpoint
-                               or located(args, record["checkpoint"]).is_dir()):
-        return record
     config = configs.build(constrained=configs.decoding("sft"), seed=seed, run_dir=folder,
                            extra=(f"sft.episodes={args.sft_episodes}",
                                   f"sft.epochs={args.sft_epochs}", "sft.evaluate=false",
                                   f"sft.output_dir={folder}"))
+    settings = configs.settings(episodes=args.sft_episodes, epochs=args.sft_epochs,
+                                minutes=args.minutes,
+                                config=configs.resolved(config, SFT_SECTIONS))
+    record = cached_stage(folder, settings)
+    if record is not None and (not need_checkpoint
+                               or located(args, record["checkpoint"]).is_dir()):
+        return record
     if not config.lora.rank:  # its moments, for a lever with actor.warm_optimizer=true
         config = dataclasses.replace(config, sft=dataclasses.replace(config.sft,
                                                                     save_optimizer=True))
@@ -538,19 +578,20 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
     minutes = args.minutes
     if minutes is not None and start_from is not None:
         minutes = max(minutes - start_from["train_minutes"], 1e-9)  # at least one step
-    settings = configs.settings(steps=args.steps, minutes=args.minutes,
-                                start_from=start_from and portable(
-                                    args, located(args, start_from["checkpoint"])),
-                                **({"lever": lever_overrides} if lever_overrides else {}),
-                                **({"val_every": args.val_every}
-                                   if args.val_every != args.steps else {}))
-    if (record := cached_stage(folder, settings, extends=True)) is not None:
-        return record
     config = configs.build(
         constrained=configs.decoding(recipe), seed=seed, run_dir=folder,
         model=start_from and str(located(args, start_from["checkpoint"])),
         extra=(f"train.total_steps={args.steps}", f"val.test_freq={args.val_every}",
                "val.before_train=false", "trainer.keep_last=1", *lever_overrides))
+    settings = configs.settings(steps=args.steps, minutes=args.minutes,
+                                start_from=start_from and portable(
+                                    args, located(args, start_from["checkpoint"])),
+                                **({"lever": lever_overrides} if lever_overrides else {}),
+                                **({"val_every": args.val_every}
+                                   if args.val_every != args.steps else {}),
+                                config=configs.resolved(config, PPO_SECTIONS))
+    if (record := cached_stage(folder, settings, extends=True)) is not None:
+        return record
     start = time.perf_counter()
     trainer = LocalTrainer(config)
     try:

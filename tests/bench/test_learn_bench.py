@@ -50,6 +50,9 @@ def test_two_recipes_write_json_table_and_plot_and_resume(bench, tmp_path, capsy
     assert result["references"]["oracle"]["success"] == 1.0
     run = result["runs"]["sft_ppo"][0]
     assert run["steps"] == 1 and [s["settings"].get("steps") for s in run["stages"]] == [None, 1]
+    sft_config, ppo_config = (s["settings"]["config"] for s in run["stages"])
+    assert sft_config["sft"]["episodes"] == 2 and "critic" not in sft_config
+    assert ppo_config["train"]["group_size"] == 2 and "total_steps" not in ppo_config["train"]
     assert run["after"]["episodes"] == 2 and len(run["after"]["success_ci95"]) == 2
     # constrained decoding (both recipes): the tiny random model makes no format error
     assert run["before"]["format_error"] == 0 and run["after_sft"]["format_error"] == 0
@@ -182,6 +185,32 @@ def test_a_finished_ppo_stage_goes_on_to_more_steps_only_from_its_checkpoint(ben
             bench.cached_stage(folder, other, extends=True)
     with pytest.raises(ValueError, match="other settings"):  # an SFT stage never goes on
         bench.cached_stage(folder, more)
+
+
+def test_a_stage_made_under_another_default_is_refused_naming_the_key(bench, tmp_path, capsys):
+    """Stage settings hold the resolved config, not only the command's overrides: a default that
+    changed between two runs into one --run-dir (the same overrides) must not read the stage made
+    under the old default back as the new one's."""
+    configs = bench.Configs(bench.parse_args(["--run-dir", str(tmp_path), "model=tiny"]))
+    before = configs.build(constrained=True, extra=("rollout.drop_uniform_groups=false",))
+    now = configs.build(constrained=True, extra=("rollout.drop_uniform_groups=true",))
+    folder = tmp_path / "sft_ppo" / "seed_0"
+
+    def settings(config):
+        return configs.settings(steps=4, minutes=None,
+                                config=configs.resolved(config, bench.PPO_SECTIONS))
+
+    assert settings(before)["overrides"] == settings(now)["overrides"]
+    record = bench.save_stage(folder, settings(before), {"checkpoint": None})
+    assert bench.cached_stage(folder, settings(before), extends=True) == record
+    with pytest.raises(ValueError, match=r"rollout\.drop_uniform_groups: False -> True"):
+        bench.cached_stage(folder, settings(now), extends=True)
+
+    # a record from before stage records held their config reads back, with a note saying so
+    old = {key: value for key, value in settings(before).items() if key != "config"}
+    record = bench.save_stage(folder, old, {"checkpoint": None})
+    assert bench.cached_stage(folder, settings(now), extends=True) == record
+    assert "holds no resolved config" in capsys.readouterr().err
 
 
 @pytest.mark.slow
