@@ -122,7 +122,7 @@ def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
             for name in MODELS}
     clean = LEARN.sft_stage(configs["clean_sft"], seed, need_checkpoint=not done["clean"])
     paired = {"clean": paired_stage(configs, "clean", seed, clean)}
-    ppo_folder = configs["flawed_ppo"].args.run_dir / "sft_ppo" / f"seed_{seed}"
+    ppo_folder = LEARN.stage_folder(configs["flawed_ppo"].args.run_dir, "sft_ppo", seed)
     ppo_done = (ppo_folder / LEARN.STAGE_FILE).is_file()
     flawed = LEARN.sft_stage(configs["flawed_sft"], seed,
                              need_checkpoint=not (done["flawed"] and ppo_done))

@@ -363,6 +363,12 @@ class Configs:
 
 
 # -- stages --------------------------------------------------------------------------------------
+def stage_folder(run_dir: Path, recipe: str, seed: int, lever: str | None = None) -> Path:
+    """``<run_dir>/<recipe>[@<lever>]/seed_<seed>``: a stage's record, metrics and checkpoints
+    (the warm start's recipe is ``sft``)."""
+    return run_dir / (f"{recipe}@{lever}" if lever else recipe) / f"seed_{seed}"
+
+
 def cached_stage(folder: Path, settings: dict[str, Any], *, extends: bool = False
                  ) -> dict[str, Any] | None:
     """The finished stage's record in ``folder``, or None; other settings -> ValueError. With
@@ -536,7 +542,7 @@ def paired_stage(configs: Configs, folder: Path, name: str, seed: int, checkpoin
 def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str, Any]:
     """Oracle demonstrations, SFT to the budget, evaluation, checkpoint (shared by sft_ppo)."""
     args = configs.args
-    folder = args.run_dir / "sft" / f"seed_{seed}"
+    folder = stage_folder(args.run_dir, "sft", seed)
     config = configs.build(constrained=configs.decoding("sft"), seed=seed, run_dir=folder,
                            extra=(f"sft.episodes={args.sft_episodes}",
                                   f"sft.epochs={args.sft_epochs}", "sft.evaluate=false",
@@ -574,7 +580,7 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
     (name, overrides) changes this stage's config alone."""
     args = configs.args
     name, lever_overrides = lever or ("", [])
-    folder = args.run_dir / (f"{recipe}@{name}" if name else recipe) / f"seed_{seed}"
+    folder = stage_folder(args.run_dir, recipe, seed, name)
     minutes = args.minutes
     if minutes is not None and start_from is not None:
         minutes = max(minutes - start_from["train_minutes"], 1e-9)  # at least one step
@@ -761,13 +767,13 @@ def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
     """One run of a recipe (with a ``--lever`` on its PPO stage): its stages, then
     before/after and its minutes."""
     recipe = RECIPES[name]
-    ppo_folder = f"{name}@{lever[0]}" if lever else name
+    ppo_folder = stage_folder(configs.args.run_dir, name, seed, lever and lever[0])
     if not recipe.sft and not recipe.ppo:
         stage = untrained_stage(configs, configs.decoding(name))
         return {"recipe": name, "seed": None, "before": before, **stage}
     stages = []
     if recipe.sft:  # its checkpoint is needed by a PPO stage that has not finished
-        ppo_done = (configs.args.run_dir / ppo_folder / f"seed_{seed}" / STAGE_FILE).is_file()
+        ppo_done = (ppo_folder / STAGE_FILE).is_file()
         stages.append(sft_stage(configs, seed, need_checkpoint=recipe.ppo and not ppo_done))
     if recipe.ppo:
         stages.append(ppo_stage(configs, name, seed, stages[-1] if stages else None, lever))
@@ -778,8 +784,7 @@ def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],
     if recipe.sft and recipe.ppo:
         run["after_sft"] = stages[0]["after"]
     if recipe.ppo:  # the issue's window for the critic: its explained variance on steps 5-20
-        records = read_metrics(configs.args.run_dir / ppo_folder / f"seed_{seed}"
-                               / "metrics.jsonl")
+        records = read_metrics(ppo_folder / "metrics.jsonl")
         run["health"] = health_of(records)
         run["explained_variance_steps_5_20"] = health_of(records, (5, 20))[HEALTH[0]]
         run["explained_variance_pooled_steps_5_20"] = pooled_explained_variance(

@@ -135,7 +135,7 @@ def run_seed(configs: Any, seed: int) -> dict[str, Any]:
                                 model=str(LEARN.located(args, warm["checkpoint"]))),
                   pool, 1, greedy=True)
     after = play(config, pool, 1, greedy=True)
-    folder = args.run_dir / f"sft_ppo@{lever[0]}" / f"seed_{seed}"
+    folder = LEARN.stage_folder(args.run_dir, "sft_ppo", seed, lever[0])
     return {"seed": seed, "pool": pool, "pool_sampled_wins": chosen["pool_sampled_wins"],
             "pool_before": sum(before) / len(pool), "pool_after": sum(after) / len(pool),
             "pool_after_wins": after, "held_out_warm_start": warm["after"],

@@ -118,7 +118,8 @@ def ppo_arm(args: argparse.Namespace, seed: int, warm: dict[str, Any], model: st
     ppo = LEARN.ppo_stage(configs, "sft_ppo", seed, {**warm, "train_minutes": 0.0},
                           (arm, overrides))
     played = paired(args, model, seed, ppo["checkpoint"])
-    records = LEARN.read_metrics(args.run_dir / f"sft_ppo@{arm}" / f"seed_{seed}" / "metrics.jsonl")
+    records = LEARN.read_metrics(LEARN.stage_folder(args.run_dir, "sft_ppo", seed, arm)
+                                 / "metrics.jsonl")
     return {"success": played["success"], "wins": played["wins"], "ppo_steps": ppo["steps"],
             "ppo_train_minutes": ppo["train_minutes"], "ppo_validation": ppo["after"],
             "health": LEARN.health_of(records),
@@ -137,7 +138,7 @@ def require_checkpoints(args: argparse.Namespace, seed: int, to_play: dict[str, 
     the warm start)."""
     lost = []
     for model, arm in to_play.items():
-        folder = args.run_dir / ("sft" if arm is None else f"sft_ppo@{arm}") / f"seed_{seed}"
+        folder = LEARN.stage_folder(args.run_dir, "sft" if arm is None else "sft_ppo", seed, arm)
         if (folder / LEARN.STAGE_FILE).is_file():
             record = json.loads((folder / LEARN.STAGE_FILE).read_text())
             if not LEARN.located(args, record["checkpoint"]).is_dir():
