@@ -1,0 +1,47 @@
+"""scripts/bench/critic_ceiling.py: its game model plays the environment's rules, and a
+baseline that knows more explains more."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bench(load_script):
+    return load_script("scripts/bench/critic_ceiling.py")
+
+
+def test_a_perfect_policy_wins_in_the_oracle_distance_with_the_games_rewards(bench):
+    rng = random.Random(0)
+    for _ in range(50):
+        start, goal = bench.new_game(rng)
+        distance = bench.distances(len(start))[goal][start]
+        rows, won = bench.episode(rng, start, goal, skill=1.0)
+        assert won and len(rows) == distance <= bench.TURNS
+        assert [g for *_, g in rows] == [10.0 - (distance - t) for t in range(distance)]
+        assert [key[1] for key, _, _ in rows] == list(range(distance, 0, -1))  # distance falls
+
+
+def test_a_random_policy_rarely_wins_and_its_returns_count_every_move(bench):
+    rng = random.Random(1)
+    results = [bench.episode(rng, *bench.new_game(rng), skill=0.0) for _ in range(300)]
+    assert 0 < sum(won for _, won in results) < 150
+    for rows, won in results:
+        if not won:
+            assert len(rows) == bench.TURNS and rows[0][2] == -bench.TURNS
+
+
+def test_knowing_the_skill_explains_more_and_dropping_all_won_groups_keeps_fewer(bench, tmp_path):
+    out = tmp_path / "ceiling.json"
+    result = bench.main(["--steps", "60", "--skill", "0.7", "--table-episodes", "4000",
+                         "--out", str(out)])
+    assert json.loads(out.read_text()) == result
+    keepall, dropwon = result["rows"]
+    assert (keepall["groups"], dropwon["groups"]) == ("keepall", "dropwon")
+    assert keepall["kept_groups_share"] == 1 and dropwon["kept_groups_share"] < 1
+    assert keepall["success"] == dropwon["success"]  # the same games and episodes
+    for row in result["rows"]:
+        assert row["state+skill"]["ev_mean"] > row["state"]["ev_mean"] > 0
