@@ -1,5 +1,5 @@
-"""How much of a PPO step's returns can any critic explain? The ceiling of
-``critic/vf_explained_var`` on the default preset's batches, simulated.
+"""How much of a PPO step's returns could a critic that reads the state explain? An estimate
+of ``critic/vf_explained_var``'s reach on the default preset's batches, simulated.
 
     python scripts/bench/critic_ceiling.py                     # 2000 steps a setting
     python scripts/bench/critic_ceiling.py --steps 200 --out /tmp/ceiling.json
@@ -9,25 +9,26 @@ The default preset (``tightBlocksworldTurnsAgent``: 3-4 blocks, one move a turn 
 game from a Beta distribution of mean ``--skill`` (concentration ``--concentration``), and every
 turn the policy plays one of the oracle's shortest-plan moves with probability q, else a
 uniformly random legal move (constrained decoding: every move is legal). A PPO step plays
-``--groups`` games x ``--group-size`` episodes (the CPU preset's 4 x 8); with ``dropwon`` the
-groups whose episodes all won are left out of the step, as the preset does
-(``rollout.drop_uniform_groups``, ``drop_uniform_outcome: won``), with ``keepall`` none are.
+``--groups`` games x ``--group-size`` episodes (the CPU preset's 4 x 8); with ``dropwon`` a
+group whose episodes all won with the same return is left out of the step, the trainer's rule
+(``rollout.drop_uniform_groups``, ``drop_uniform_outcome: won``); with ``keepall`` none is.
 
 Each turn is a row with its return-to-go (every token of a reply shares it, so rows weigh
 alike), and each step's explained variance is the trainer's formula
-(:func:`agentrl.trainers.ppo_update.explained_variance`) of two baselines, each the exact
-conditional mean of the return-to-go, estimated on ``--table-episodes`` other episodes:
+(:func:`agentrl.trainers.ppo_update.explained_variance`) of two baselines, each the mean
+return-to-go per key over the rows such steps keep (``--table-episodes`` other episodes,
+under the same rule: a critic fits the rows it trains on):
 
-- ``state``: knows what the prompt shows that decides the return: the block count, the
-  oracle's distance to the goal and the turns left. A critic reading the prompt can know no more
-  of the future unless the game's look predicts the policy's skill on it;
-- ``state+skill``: also knows the policy's skill on this game (to a tenth): a critic that had
-  learnt how well the policy plays every game, the ceiling of any critic.
+- ``state``: a summary of what the prompt shows that decides the return: the block count,
+  the oracle's distance to the goal and the turns left (the exact arrangement, which a critic
+  also reads, is left out, so a critic could do a little better);
+- ``state+skill``: also the policy's skill on this game (to a tenth): roughly what a critic
+  that had learnt how well the policy plays every game could reach.
 
-The table: per setting, success, the mean per-step explained variance (what the issue's mark,
->= 0.2 averaged over PPO steps 5-20, averages), and the share of 12-step runs (steps 5-16 of a
-16-step run) whose mean reaches 0.2. A model, not a measurement: its policy has no memory and
-a skill fixed over a run; it bounds what the per-step mark can read on these batches.
+The table: per setting, success, the share of groups kept, the mean and median per-step
+explained variance (the issue's mark, >= 0.2, averages it over PPO steps 5-20) and the share
+of 12-step runs (steps 5-16 of a 16-step run) whose mean reaches 0.2. A model, not a
+measurement: its policy has no memory and a skill fixed over a run.
 """
 
 from __future__ import annotations
@@ -132,34 +133,51 @@ def skills(rng: random.Random, mean: float, concentration: float) -> Iterator[fl
         yield rng.betavariate(mean * concentration, (1 - mean) * concentration)
 
 
-def tables(args: argparse.Namespace, mean: float, rng: random.Random) -> list[dict[tuple, float]]:
-    """Each baseline's conditional mean of the return-to-go, per key."""
+def play_group(rng: random.Random, draw: Iterator[float], size: int
+               ) -> list[tuple[list[Row], bool]]:
+    """``size`` episodes of one new game at one skill."""
+    game, skill = new_game(rng), next(draw)
+    return [episode(rng, *game, skill) for _ in range(size)]
+
+
+def dropped(group: list[tuple[list[Row], bool]]) -> bool:
+    """The trainer's rule (``drop_uniform_groups`` with ``drop_uniform_outcome: won``): every
+    episode won, and with the same return (its first row's return-to-go)."""
+    return all(won for _, won in group) and len({rows[0][2] for rows, _ in group}) == 1
+
+
+def tables(args: argparse.Namespace, mean: float, drop: bool, rng: random.Random
+           ) -> list[dict[tuple, float]]:
+    """Each baseline's conditional mean of the return-to-go, per key, over the rows a step
+    keeps (a critic fits the rows it trains on)."""
     sums = [collections.defaultdict(lambda: [0.0, 0]) for _ in BASELINES]
     draw = skills(rng, mean, args.concentration)
-    for _ in range(args.table_episodes):
-        rows, _ = episode(rng, *new_game(rng), next(draw))
-        for *keys, g in rows:
-            for table, key in zip(sums, keys):
-                table[key][0] += g
-                table[key][1] += 1
+    for _ in range(max(1, args.table_episodes // args.group_size)):
+        group = play_group(rng, draw, args.group_size)
+        if drop and dropped(group):
+            continue
+        for rows, _ in group:
+            for *keys, g in rows:
+                for table, key in zip(sums, keys):
+                    table[key][0] += g
+                    table[key][1] += 1
     return [{key: total / count for key, (total, count) in table.items()} for table in sums]
 
 
 def simulate(args: argparse.Namespace, mean: float, drop: bool) -> dict[str, Any]:
-    """``--steps`` steps at one skill, with or without the all-won groups."""
+    """``--steps`` steps at one skill, with or without the uniform all-won groups."""
     rng = random.Random(f"{args.seed}/{mean}")
-    values = tables(args, mean, rng)
     draw = skills(rng, mean, args.concentration)
+    values = tables(args, mean, drop, random.Random(f"{args.seed}/{mean}/tables"))
     per_step = {name: [] for name in BASELINES}
     wins = episodes = kept_groups = 0
     for _ in range(args.steps):
         rows = []
         for _ in range(args.groups):
-            game, skill = new_game(rng), next(draw)
-            group = [episode(rng, *game, skill) for _ in range(args.group_size)]
+            group = play_group(rng, draw, args.group_size)
             wins += sum(won for _, won in group)
             episodes += len(group)
-            if drop and all(won for _, won in group):
+            if drop and dropped(group):
                 continue
             kept_groups += 1
             rows += [row for played, _ in group for row in played]
@@ -173,16 +191,18 @@ def simulate(args: argparse.Namespace, mean: float, drop: bool) -> dict[str, Any
             if ev == ev:  # NaN: equal returns, nothing to explain
                 per_step[name].append(ev)
     return {"skill": mean, "groups": "dropwon" if drop else "keepall",
-            "success": wins / episodes, "kept_groups_share": kept_groups / (args.steps * args.groups),
+            "success": wins / episodes,
+            "kept_groups_share": kept_groups / (args.steps * args.groups),
             **{name: summary(evs) for name, evs in per_step.items()}}
 
 
-def summary(evs: list[float]) -> dict[str, float]:
+def summary(evs: list[float]) -> dict[str, float | None]:
     """Mean and median per-step explained variance, and the share of runs of ``RUN_STEPS``
-    consecutive steps whose mean reaches the mark."""
+    consecutive steps whose mean reaches the mark (None where no step had one)."""
     runs = [statistics.mean(evs[i:i + RUN_STEPS]) for i in range(0, len(evs) - RUN_STEPS + 1,
                                                                    RUN_STEPS)]
-    return {"ev_mean": statistics.mean(evs), "ev_median": statistics.median(evs),
+    return {"ev_mean": statistics.mean(evs) if evs else None,
+            "ev_median": statistics.median(evs) if evs else None,
             "runs_reaching_mark": sum(r >= MARK for r in runs) / len(runs) if runs else None,
             "steps": len(evs)}
 
@@ -191,8 +211,9 @@ def show(rows: list[dict[str, Any]]) -> None:
     print(f"{'skill':>5} {'groups':>8} {'success':>7} {'kept':>5} | "
           + " | ".join(f"{name + ': EV mean, median, runs >= 0.2':>38}" for name in BASELINES))
     for r in rows:
-        cells = [f"{r[n]['ev_mean']:>12.3f} {r[n]['ev_median']:>12.3f} "
-                 f"{r[n]['runs_reaching_mark'] or 0:>12.0%}" for n in BASELINES]
+        cells = [" ".join(f"{'-' if v is None else format(v, fmt):>12}" for v, fmt in (
+            (r[n]["ev_mean"], ".3f"), (r[n]["ev_median"], ".3f"),
+            (r[n]["runs_reaching_mark"], ".0%"))) for n in BASELINES]
         print(f"{r['skill']:>5.2f} {r['groups']:>8} {r['success']:>7.1%} "
               f"{r['kept_groups_share']:>5.0%} | " + " | ".join(cells))
 

@@ -34,7 +34,7 @@ def test_a_random_policy_rarely_wins_and_its_returns_count_every_move(bench):
             assert len(rows) == bench.TURNS and rows[0][2] == -bench.TURNS
 
 
-def test_knowing_the_skill_explains_more_and_dropping_all_won_groups_keeps_fewer(bench, tmp_path):
+def test_knowing_the_skill_explains_more_and_dropping_keeps_fewer_groups(bench, tmp_path):
     out = tmp_path / "ceiling.json"
     result = bench.main(["--steps", "60", "--skill", "0.7", "--table-episodes", "4000",
                          "--out", str(out)])
@@ -45,3 +45,16 @@ def test_knowing_the_skill_explains_more_and_dropping_all_won_groups_keeps_fewer
     assert keepall["success"] == dropwon["success"]  # the same games and episodes
     for row in result["rows"]:
         assert row["state+skill"]["ev_mean"] > row["state"]["ev_mean"] > 0
+
+
+def test_only_groups_that_all_won_alike_are_dropped_as_the_trainer_drops_them(bench):
+    """The trainer leaves out a group whose returns do not differ and that all won: an all-won
+    group whose wins took different move counts still compares something and is kept."""
+    def won_in(moves):
+        return [(None, None, 10.0 - moves)], True
+
+    lost = ([(None, None, -6.0)], False)
+    assert bench.dropped([won_in(2)] * 8)
+    assert not bench.dropped([won_in(2)] * 7 + [won_in(3)])
+    assert not bench.dropped([lost] * 8)  # all lost alike: the preset keeps it
+    assert not bench.dropped([won_in(2)] * 7 + [lost])
