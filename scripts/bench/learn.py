@@ -119,12 +119,12 @@ from agentrl.trainers.tracking import read_metrics
 BANDIT = "first-token-bandit"
 STAGE_FILE = "stage.json"
 TRAINED_STAGES: set[Path] = set()
-SFT_SECTIONS = ("model", "lora", "sft")
-PPO_SECTIONS = ("model", "lora", "train", "rollout", "algorithm", "actor", "critic")
-"""The config sections a stage's record holds resolved (:meth:`Configs.resolved`)."""
-UNRESOLVED = {("model", "name"), ("sft", "output_dir"), ("train", "total_steps")}
-"""Keys a stage's settings hold otherwise (``start_from``, ``steps``) or that name a path."""
 """The stage folders this process trained (made or extended): the only checkpoints it prunes."""
+SFT_SECTIONS = ("model", "lora", "sft", "val")
+PPO_SECTIONS = ("model", "lora", "train", "val", "rollout", "algorithm", "actor", "critic")
+"""The config sections a stage's record holds resolved (:meth:`Configs.resolved`)."""
+UNRESOLVED = {("sft", "output_dir"), ("train", "total_steps"), ("val", "test_freq")}
+"""Keys a stage's settings hold otherwise (``steps``, ``val_every``) or that name a path."""
 OUTPUT = script_module(Path(__file__).parent / "output" / "learn.py")
 """The table and the plot (scripts/bench/output/learn.py)."""
 VERL = script_module(Path(__file__).parent / "learn_verl.py")
@@ -328,14 +328,17 @@ class Configs:
         return {"preset": args.preset, "val_groups": args.val_groups,
                 "overrides": args.overrides, **arms, **stage}
 
-    def resolved(self, config: Any, sections: tuple[str, ...]) -> dict[str, Any]:
+    def resolved(self, config: Any, sections: tuple[str, ...], *,
+                 from_checkpoint: bool = False) -> dict[str, Any]:
         """``sections`` of a stage's config as JSON reads them back, with the preset's agent
         settings: the overrides alone miss a default that changed between two runs into one
         ``--run-dir``, and a stage trained under the old default must not read back as the new
-        one's. Paths and the step count (a setting of its own) are left out."""
+        one's. Paths and the step count (a setting of its own) are left out, and the model's
+        name when it is the checkpoint the stage starts from (its ``start_from``)."""
         data = json.loads(json.dumps(config.to_dict(), default=str))
+        left_out = UNRESOLVED | ({("model", "name")} if from_checkpoint else set())
         values = {section: {key: value for key, value in data[section].items()
-                            if (section, key) not in UNRESOLVED} for section in sections}
+                            if (section, key) not in left_out} for section in sections}
         return {**values, "agent": data["agents"].get(self.args.preset)}
 
     def decoding(self, recipe: str) -> bool:
@@ -382,32 +385,37 @@ def cached_stage(folder: Path, settings: dict[str, Any], *, extends: bool = Fals
     unchecked = "config" in settings and "config" not in stored
     if unchecked:  # a record from before stage records held their resolved config
         settings = {key: value for key, value in settings.items() if key != "config"}
-    if stored == settings:
-        if unchecked:
-            print(f"note: {path} holds no resolved config; read back on its overrides alone "
-                  "(a default changed since it ran is not seen)", file=sys.stderr)
+    same = stored == settings
+    goes_on = not same and extends and more_steps(stored, settings)
+    if unchecked and (same or goes_on):
+        print(f"note: {path} holds no resolved config; read back on its overrides alone "
+              "(a default changed since it ran is not seen)", file=sys.stderr)
+    if same:
         return record
-    if extends and more_steps(stored, settings):
+    if goes_on:
         if latest_checkpoint(folder) is not None:  # what the trainer's resume=auto takes
             return None
         raise ValueError(f"{folder} ran {stored['steps']} steps and its checkpoint "
                          f"is gone, so it cannot go on to {settings['steps']}; allowed: its "
                          "--steps, or a run kept with --keep-checkpoints")
-    changed = config_changes(stored.get("config"), settings.get("config"))
     raise ValueError(f"{folder} holds a run made with other settings "
-                     + (f"(resolved config: {'; '.join(changed)}); " if changed else
-                        f"({stored} != {settings}); ")
-                     + "remove it or choose another --run-dir")
+                     f"({'; '.join(settings_changes(stored, settings))}); remove it or choose "
+                     "another --run-dir")
 
 
-def config_changes(stored: dict[str, Any] | None, wanted: dict[str, Any] | None) -> list[str]:
-    """``section.key: stored -> wanted`` for each resolved key that differs."""
-    if not stored or not wanted:
-        return []
-    return [f"{section}.{key}: {old.get(key)!r} -> {new.get(key)!r}"
-            for section in sorted(set(stored) | set(wanted))
-            for old, new in [(stored.get(section) or {}, wanted.get(section) or {})]
-            for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+def settings_changes(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:
+    """``key: stored -> wanted`` for each setting that differs, the resolved config's as
+    ``section.key`` (the whole config would bury the one key that changed)."""
+    def changes(old: dict[str, Any], new: dict[str, Any], prefix: str = "") -> list[str]:
+        return [f"{prefix}{key}: {old.get(key)!r} -> {new.get(key)!r}"
+                for key in sorted(set(old) | set(new)) if old.get(key) != new.get(key)]
+
+    old_config, new_config = stored.get("config") or {}, wanted.get("config") or {}
+    return [*changes({k: v for k, v in stored.items() if k != "config"},
+                     {k: v for k, v in wanted.items() if k != "config"}),
+            *(line for section in sorted(set(old_config) | set(new_config))
+              for line in changes(old_config.get(section) or {}, new_config.get(section) or {},
+                                  f"{section}."))]
 
 
 def more_steps(saved: dict[str, Any], wanted: dict[str, Any]) -> bool:
@@ -547,6 +555,9 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
                            extra=(f"sft.episodes={args.sft_episodes}",
                                   f"sft.epochs={args.sft_epochs}", "sft.evaluate=false",
                                   f"sft.output_dir={folder}"))
+    if not config.lora.rank:  # its moments, for a lever with actor.warm_optimizer=true
+        config = dataclasses.replace(config, sft=dataclasses.replace(config.sft,
+                                                                    save_optimizer=True))
     settings = configs.settings(episodes=args.sft_episodes, epochs=args.sft_epochs,
                                 minutes=args.minutes,
                                 config=configs.resolved(config, SFT_SECTIONS))
@@ -554,9 +565,6 @@ def sft_stage(configs: Configs, seed: int, *, need_checkpoint: bool) -> dict[str
     if record is not None and (not need_checkpoint
                                or located(args, record["checkpoint"]).is_dir()):
         return record
-    if not config.lora.rank:  # its moments, for a lever with actor.warm_optimizer=true
-        config = dataclasses.replace(config, sft=dataclasses.replace(config.sft,
-                                                                    save_optimizer=True))
     start = time.perf_counter()
     trainer = SFTTrainer(config)
     try:
@@ -595,7 +603,8 @@ def ppo_stage(configs: Configs, recipe: str, seed: int, start_from: dict[str, An
                                 **({"lever": lever_overrides} if lever_overrides else {}),
                                 **({"val_every": args.val_every}
                                    if args.val_every != args.steps else {}),
-                                config=configs.resolved(config, PPO_SECTIONS))
+                                config=configs.resolved(config, PPO_SECTIONS,
+                                                        from_checkpoint=start_from is not None))
     if (record := cached_stage(folder, settings, extends=True)) is not None:
         return record
     start = time.perf_counter()

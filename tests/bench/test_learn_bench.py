@@ -206,11 +206,26 @@ def test_a_stage_made_under_another_default_is_refused_naming_the_key(bench, tmp
     with pytest.raises(ValueError, match=r"rollout\.drop_uniform_groups: False -> True"):
         bench.cached_stage(folder, settings(now), extends=True)
 
-    # a record from before stage records held their config reads back, with a note saying so
+    with pytest.raises(ValueError, match=r"\(minutes: None -> 5\); remove"):  # the key, alone
+        bench.cached_stage(folder, {**settings(before), "minutes": 5}, extends=True)
+
+    # a record from before stage records held their config reads back, with a note saying so,
+    # and goes on to more steps from its checkpoint with the same note
     old = {key: value for key, value in settings(before).items() if key != "config"}
     record = bench.save_stage(folder, old, {"checkpoint": None})
     assert bench.cached_stage(folder, settings(now), extends=True) == record
     assert "holds no resolved config" in capsys.readouterr().err
+    save_checkpoint(folder, 4, tensors={"trainer_state": {"step": 4}})
+    assert bench.cached_stage(folder, {**settings(now), "steps": 8}, extends=True) is None
+    assert "holds no resolved config" in capsys.readouterr().err
+
+
+def test_the_model_is_resolved_unless_it_is_the_checkpoint_a_stage_starts_from(bench, tmp_path):
+    configs = bench.Configs(bench.parse_args(["--run-dir", str(tmp_path), "model=tiny"]))
+    config = configs.build(constrained=True)
+    assert configs.resolved(config, bench.SFT_SECTIONS)["model"]["name"] == "tiny"
+    warm = configs.build(constrained=True, model=str(tmp_path / "sft" / "checkpoints" / "step_1"))
+    assert "name" not in configs.resolved(warm, bench.PPO_SECTIONS, from_checkpoint=True)["model"]
 
 
 @pytest.mark.slow
