@@ -9,11 +9,10 @@ What the recipe keeps equal to the local ``sft_ppo``: the demonstrations (``--sf
 on the same seeds, ``--sft-epochs``, ``sft.*`` as the local SFT), ``--steps``, constrained
 decoding, and the held-out games, played by the local evaluator from the final actor's Hugging
 Face folder. What differs: a PPO step's episodes (cpu-verl's 2 groups x 4; the local cpu
-preset's 4 x 8, its all-won groups left out), the preset's ``history_window`` is 0 (every turn
-in the context: verl's SFT trainer learns whole episodes, and the legacy PPO trainer refuses
-context windows), the
-untrained "before" is measured the same way, and ``--minutes`` does not
-cap it (verl's trainers have no deadline). verl's response budget is checked before anything
+preset's 4 x 8, its groups that all won alike left out), the preset's ``history_window`` is 0
+(every turn in the context: verl's SFT trainer learns whole episodes, and the legacy PPO
+trainer refuses context windows), the untrained "before" is measured the same way, and
+``--minutes`` does not cap it (verl's trainers have no deadline). verl's response budget is checked before anything
 starts (:func:`check_lengths`): an episode cut by it would not be the local episode.
 
 Why apart from learn.py: what only this recipe needs (its command lines, the token budget,
