@@ -30,6 +30,11 @@ def _check_critic(config: Any) -> None:
         raise ValueError(f"critic.head_hidden={config.critic.head_hidden} is not allowed with "
                          "critic.head_fit='ridge' (a closed-form fit is of a linear head); "
                          "allowed: 0, or head_fit='gradient'")
+    if config.critic.sibling_pseudocount and config.algorithm.adv_estimator != "gae":
+        raise ValueError(f"critic.sibling_pseudocount={config.critic.sibling_pseudocount} is "
+                         f"not allowed with algorithm.adv_estimator="
+                         f"{config.algorithm.adv_estimator!r} (no values to blend); allowed: "
+                         "null, or adv_estimator='gae'")
     pretrain = config.critic.pretrain_steps
     if pretrain and config.algorithm.adv_estimator != "gae":
         raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed with "

@@ -46,6 +46,10 @@ can run over the whole episode (:mod:`agentrl.trainers.episodes`).
   turn's step-level advantage on its reply's model tokens (:func:`token_step_advantages`).
 - ``learned_mask`` ``(B, R)``, only when a trajectory carries ``turns_left_out``: 0 on the
   replies the actor's loss leaves out, 1 elsewhere (:func:`token_learned_mask`).
+- ``state_ids`` ``(B, R)`` long, only with ``state_ids=True``: on each reply's model tokens an
+  id shared by the replies of one group made from the same board (``Turn.state``) at the same
+  turn, -1 elsewhere and on turns without a recorded board (:func:`state_id_tensor`; the
+  sibling values of :mod:`agentrl.trainers.sibling_values` read it).
 
 A longer prompt or response than the given maximum raises (verl's padding would not truncate
 either; cutting silently would drop rewards).
@@ -61,8 +65,8 @@ import torch
 from agentrl.rollout.records import Trajectory
 
 __all__ = ["REWARD_PLACEMENTS", "TrainingSample", "constraint_tensors", "context_samples",
-           "discounted_turn_rewards", "feature_tensor", "kept_turns", "to_batch", "token_rewards",
-           "token_step_advantages"]
+           "discounted_turn_rewards", "feature_tensor", "kept_turns", "state_id_tensor", "to_batch",
+           "token_rewards", "token_step_advantages"]
 
 REWARD_PLACEMENTS = ("turn", "last")
 
@@ -267,6 +271,22 @@ def per_token_tensor(rows: Sequence[list[float]], width: int, padding: float) ->
     return out
 
 
+def state_id_tensor(samples: Sequence[TrainingSample], width: int) -> torch.Tensor:
+    """``(len(samples), width)`` long: each reply's id of (group, board, turn number) on its
+    model tokens, -1 elsewhere; ids count up from 0 in order of first appearance."""
+    ids: dict[tuple[int, str, int], int] = {}
+    rows = []
+    for sample in samples:
+        trajectory = sample.trajectory
+        per_turn = [-1 if not turn.state else
+                    ids.setdefault((trajectory.group_index, turn.state, k), len(ids))
+                    for k, turn in enumerate(trajectory.turns)]
+        values = turn_values_on_tokens(trajectory, per_turn, -1)
+        mask = trajectory.response_mask
+        rows.append([v if mask[i] else -1 for i, v in enumerate(values)][sample.start:sample.end])
+    return per_token_tensor(rows, width, -1.0).long()
+
+
 def to_batch(
     trajectories: Sequence[Trajectory],
     pad_token_id: int,
@@ -274,9 +294,10 @@ def to_batch(
     *,
     max_prompt_length: int | None = None,
     max_response_length: int | None = None,
+    state_ids: bool = False,
 ) -> dict[str, torch.Tensor]:
     """Stack ``trajectories``, one row per context window, into verl-layout tensors (see the
-    module docstring)."""
+    module docstring); ``state_ids`` adds the ``state_ids`` tensor."""
     if reward_placement not in REWARD_PLACEMENTS:
         raise ValueError(f"unknown reward_placement {reward_placement!r}; "
                          f"allowed: {REWARD_PLACEMENTS}")
@@ -324,6 +345,8 @@ def to_batch(
     if any(t.turns_left_out is not None for t in trajectories):
         per_turn["learned_mask"] = per_token_tensor(
             [s.token_learned_mask() for s in samples], r_len, 1.0)
+    if state_ids:
+        per_turn["state_ids"] = state_id_tensor(samples, r_len)
     return {
         **per_turn,
         **constraint_tensors(samples, r_len),

@@ -412,7 +412,8 @@ class LocalTrainer:
             if algo.step_advantage_weight:
                 kept = step_advantages(kept, turn_gamma)
             kept = normalize_returns(kept, r.grouping, r.norm_method)
-            batch = to_batch(kept, self.pad_token_id, r.reward_placement)
+            batch = to_batch(kept, self.pad_token_id, r.reward_placement,
+                             state_ids=config.critic.sibling_pseudocount is not None)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
         # critic.pretrain_steps: the first PPO steps fit the critic to the policy's returns
         actor_learns = step > config.train.sft_steps + config.critic.pretrain_steps

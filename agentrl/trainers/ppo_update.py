@@ -45,6 +45,7 @@ from agentrl.trainers.microbatch import micro_order, micro_rows, pad_responses
 from agentrl.trainers.policy import ValueModel, checkpointing, choice_mask, response_logprobs
 from agentrl.trainers.reference import Reference
 from agentrl.trainers.shared_prefix import SharedPrefix, plan_prefix_runs
+from agentrl.trainers.sibling_values import blend, sibling_returns
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.update_loop import KL_TERM, UpdateShape, run_epochs, trajectory_count
 from agentrl.trainers.value_fit import RidgeValueFit
@@ -157,9 +158,12 @@ class PPOUpdate:
             metrics.update(critic_metrics)
             scored["values"] = self._first_pass_values
         advantages = returns = None
+        gae_values = scored.get("values")
         if all_finite(rewards):
             with timer("advantages"):
-                advantages, returns = self._advantages(rewards, mask, scored.get("values"),
+                if gae_values is not None and config.critic.sibling_pseudocount:
+                    gae_values = self._with_sibling_values(batch, gae_values, metrics)
+                advantages, returns = self._advantages(rewards, mask, gae_values,
                                                        batch["group_index"], batch["episode_index"])
         if advantages is None or not all_finite(advantages, returns):
             log.warning("non-finite rewards or advantages: this step's update is skipped")
@@ -180,9 +184,12 @@ class PPOUpdate:
             if key in scored:
                 batch[key] = scored[key]
         metrics["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
-        if scored.get("values") is not None:
-            metrics["critic/vf_explained_var"] = explained_variance(returns, scored["values"], mask)
-            metrics.update(value_error_moments(returns, scored["values"], mask))
+        if gae_values is not None:  # the values GAE read: the critic's, or blended
+            metrics["critic/vf_explained_var"] = explained_variance(returns, gae_values, mask)
+            metrics.update(value_error_moments(returns, gae_values, mask))
+        if gae_values is not scored.get("values"):  # blended: the critic's own, beside
+            metrics["critic/head_explained_var"] = explained_variance(returns, scored["values"],
+                                                                      mask)
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
         if self.value_fit is not None:
             with timer("critic"):
@@ -328,6 +335,27 @@ class PPOUpdate:
             algo.adv_estimator, rewards, mask, values=values, group_index=group_index.numpy(),
             gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             episode_index=episode_index, gamma_unit=algo.gamma_unit)
+
+    def _with_sibling_values(self, batch: dict[str, torch.Tensor], values: torch.Tensor,
+                             metrics: dict[str, float]) -> torch.Tensor:
+        """``critic.sibling_pseudocount``: the critic's ``values`` blended with the mean
+        return-to-go of the group's other episodes from each turn's board
+        (:mod:`agentrl.trainers.sibling_values`); the returns-to-go are Monte-Carlo (GAE with
+        lambda 1), whatever ``algorithm.lam`` is."""
+        if "state_ids" not in batch:
+            raise ValueError("critic.sibling_pseudocount needs the batch's state_ids "
+                             "(to_batch(..., state_ids=True))")
+        algo, mask = self.config.algorithm, batch["response_mask"].float()
+        to_go = ppo.compute_advantages(
+            algo.adv_estimator, batch["rewards"], mask, values=torch.zeros_like(values),
+            group_index=batch["group_index"].numpy(), gamma=algo.gamma, lam=1.0,
+            episode_index=batch["episode_index"], gamma_unit=algo.gamma_unit)[1]
+        mean, count = sibling_returns(to_go, batch["state_ids"], batch["episode_index"], mask)
+        metrics["critic/sibling_share"] = float(((count > 0).float() * mask).sum()
+                                                / mask.sum().clamp(min=1))
+        metrics["critic/siblings_mean"] = float((count * mask).sum()
+                                                / ((count > 0).float() * mask).sum().clamp(min=1))
+        return blend(values, mean, count, self.config.critic.sibling_pseudocount)
 
     def _critic_pass_gives_values(self, n: int, episode_index: torch.Tensor | None = None
                                   ) -> bool:

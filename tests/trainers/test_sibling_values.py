@@ -1,0 +1,96 @@
+"""Sibling values (critic.sibling_pseudocount): a turn's value from its group's other episodes
+from the same board and turn, blended with the critic's."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from agentrl.config import compose_config
+from agentrl.rollout import to_batch
+from agentrl.rollout.records import Trajectory, Turn
+from agentrl.trainers.sibling_values import blend, sibling_returns
+from agentrl.trainers.timing import StageTimer
+
+from update_fixtures import tiny_trainer
+
+
+def episode(group: int, states: list[str], rewards: list[float], seed: int = 0) -> Trajectory:
+    """Two-token replies from the given boards, a one-token observation between them."""
+    ids, mask, ends, turns = [], [], [], []
+    for k, state in enumerate(states):
+        if k:
+            ids.append(7)
+            mask.append(0)
+        reply = (20 + seed, 30 + k)
+        ids += reply
+        mask += [1, 1]
+        ends.append(len(ids) - 1)
+        turns.append(Turn(prompt_ids=(5,), response_ids=reply, logprobs=(-1.0, -1.0),
+                          reward=rewards[k], format_ok=True, num_actions=1, num_valid=1,
+                          num_effective=1, truncated_by_length=False, state=state))
+    return Trajectory(preset="p", seed=seed, group_index=group, prompt_ids=[1, 2, 3],
+                      response_ids=ids, response_mask=mask, response_logprobs=[-1.0] * len(ids),
+                      turn_end_positions=ends, turn_rewards=list(rewards), success=False,
+                      episode_return=sum(rewards), num_turns=len(states), turns=turns)
+
+
+def test_one_id_per_group_board_and_turn_on_the_replies_model_tokens():
+    batch = to_batch([episode(0, ["A", "B"], [0, 1]), episode(0, ["A", "A"], [0, 2], seed=1),
+                      episode(1, ["A", ""], [0, 3], seed=2)], pad_token_id=0, state_ids=True)
+    ids = batch["state_ids"]
+    assert ids[0].tolist() == [0, 0, -1, 1, 1]  # the observation between the replies: -1
+    assert ids[1].tolist() == [0, 0, -1, 2, 2]  # board A again, but on turn 2: another id
+    assert ids[2].tolist() == [3, 3, -1, -1, -1]  # another group; no recorded board: -1
+    assert "state_ids" not in to_batch([episode(0, ["A"], [1])], pad_token_id=0)
+
+
+def test_a_turns_sibling_value_is_the_other_episodes_mean_return_from_its_board():
+    returns = torch.tensor([[4.0, 4.0, 0.0, 1.0, 1.0],
+                            [2.0, 2.0, 0.0, 2.0, 2.0],
+                            [9.0, 9.0, 0.0, 0.0, 0.0],
+                            [6.0, 6.0, 0.0, 6.0, 6.0]])
+    mask = torch.tensor([[1, 1, 0, 1, 1]] * 3 + [[1, 1, 0, 1, 1]])
+    state_ids = torch.tensor([[0, 0, -1, 1, 1],
+                              [0, 0, -1, 1, 1],
+                              [0, 0, -1, -1, -1],
+                              [0, 0, -1, 0, 0]])  # row 3 meets board 0 twice: its own visits
+    episodes = torch.tensor([0, 1, 2, 3])
+    mean, count = sibling_returns(returns, state_ids, episodes, mask)
+    # (2 + 9 + 6 + 6) / 4: every other episode's visit of the board, not its own 4
+    assert mean[0, :2].tolist() == pytest.approx([23 / 4] * 2)
+    assert count[0, :2].tolist() == [4, 4]
+    assert mean[3, 0] == pytest.approx(5.0) and count[3, 0] == 3  # not its own later visit
+    assert mean[0, 3] == pytest.approx(2.0) and mean[1, 3] == pytest.approx(1.0)
+    assert count[2, 3:].tolist() == [0, 0] and count[:, 2].tolist() == [0, 0, 0, 0]
+
+
+def test_the_blend_counts_the_critic_as_pseudocount_episodes():
+    values = torch.tensor([[1.0, 1.0, 1.0]])
+    mixed = blend(values, torch.tensor([[5.0, 5.0, 5.0]]), torch.tensor([[0.0, 1.0, 3.0]]), 1.0)
+    assert mixed.tolist() == [[1.0, 3.0, 4.0]]
+    with pytest.raises(ValueError, match="pseudocount"):
+        blend(values, values, values, 0.0)
+
+
+def test_the_values_gae_reads_learn_from_siblings_and_the_critic_is_reported_beside(tmp_path):
+    """Two games of two episodes: each game's episodes get the same return and the games differ,
+    so the other episode from the same board predicts every return; a new critic does not."""
+    trajectories = [episode(g, ["A", "B"], [0.0, 4.0 if g else -4.0], seed=2 * g + i)
+                    for g in (0, 1) for i in (0, 1)]
+    batch = to_batch(trajectories, pad_token_id=0, state_ids=True)
+    trainer = tiny_trainer(tmp_path, "critic.sibling_pseudocount=0.01")
+    metrics = trainer.updater.update(batch, StageTimer())
+    assert metrics["critic/vf_explained_var"] > 0.99
+    assert metrics["critic/head_explained_var"] < 0.5
+    assert metrics["critic/sibling_share"] == 1.0 and metrics["critic/siblings_mean"] == 1.0
+    plain = tiny_trainer(tmp_path / "plain").updater.update(batch, StageTimer())
+    assert "critic/head_explained_var" not in plain
+    assert plain["critic/vf_explained_var"] == pytest.approx(metrics["critic/head_explained_var"])
+
+
+def test_sibling_values_need_a_critic_and_are_the_local_engines():
+    with pytest.raises(ValueError, match="critic.sibling_pseudocount"):
+        compose_config(["critic.sibling_pseudocount=2", "algorithm.adv_estimator=grpo"])
+    with pytest.raises(ValueError, match="critic.sibling_pseudocount"):
+        compose_config(["critic.sibling_pseudocount=0"])
