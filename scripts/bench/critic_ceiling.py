@@ -23,7 +23,11 @@ under the same rule: a critic fits the rows it trains on):
   the oracle's distance to the goal and the turns left (the exact arrangement, which a critic
   also reads, is left out, so a critic could do a little better);
 - ``state+skill``: also the policy's skill on this game (to a tenth): roughly what a critic
-  that had learnt how well the policy plays every game could reach.
+  that had learnt how well the policy plays every game could reach;
+- ``state+siblings``: ``state`` blended with the mean return-to-go of the group's other
+  episodes from the same board at the same turn, the table counting as ``--pseudocount``
+  episodes: the trainer's ``critic.sibling_pseudocount``, by its own functions
+  (:mod:`agentrl.trainers.sibling_values`), over a critic that read the state perfectly.
 
 The table: per setting, success, the share of groups kept, the mean and median per-step
 explained variance (the issue's mark, >= 0.2, averages it over PPO steps 5-20) and the share
@@ -49,6 +53,7 @@ from agentrl.cli.bench import write_result
 from agentrl.envs.blocksworld import (GOAL_REWARD, MOVE_PENALTY, State, all_states, apply_move,
                                       legal_moves)
 from agentrl.trainers.ppo_update import explained_variance
+from agentrl.trainers.sibling_values import blend, sibling_returns
 
 BLOCKS = (3, 4)
 """The default preset's block counts (``min_blocks: 3`` of the ``text`` preset's 2-4)."""
@@ -57,9 +62,11 @@ MARK = 0.2
 """The issue's mark: mean explained variance over PPO steps 5-20."""
 RUN_STEPS = 12
 """Steps 5-16 of a 16-step run: the window the mark averages."""
-BASELINES = ("state", "state+skill")
-Row = tuple[tuple, tuple, float]
-"""(state key, state+skill key, return-to-go) of one turn."""
+BASELINES = ("state", "state+skill", "state+siblings")
+TABLES = 2
+"""The baselines that are a table of conditional means (the first two)."""
+Row = tuple[tuple, tuple, State, float]
+"""(state key, state+skill key, board, return-to-go) of one turn."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -73,6 +80,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--group-size", type=int, default=8, help="episodes a game (default 8)")
     parser.add_argument("--table-episodes", type=int, default=200_000,
                         help="episodes the baselines' tables are estimated on")
+    parser.add_argument("--pseudocount", type=float, default=2.0,
+                        help="state+siblings: episodes the state table counts as (default 2)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default="bench_results/critic_ceiling.json")
     args = parser.parse_args(argv)
@@ -81,6 +90,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
             parser.error(f"--{key.replace('_', '-')} must be >= 1")
     if not all(0 < s < 1 for s in args.skill) or args.concentration <= 0:
         parser.error("--skill must lie in (0, 1) and --concentration be > 0")
+    if args.pseudocount <= 0:
+        parser.error("--pseudocount must be > 0")
     return args
 
 
@@ -112,9 +123,10 @@ def new_game(rng: random.Random) -> tuple[State, State]:
 def episode(rng: random.Random, start: State, goal: State, skill: float) -> tuple[list[Row], bool]:
     """One episode's rows and whether it won."""
     to_goal = distances(len(start))[goal]
-    state, seen, rewards = start, [], []
+    state, seen, boards, rewards = start, [], [], []
     for turn in range(TURNS):
         seen.append((len(state), to_goal[state], TURNS - turn))
+        boards.append(state)
         moves = list(legal_moves(state))
         best = [m for m in moves if to_goal[apply_move(state, *m)] < to_goal[state]]
         state = apply_move(state, *(rng.choice(best) if rng.random() < skill
@@ -125,7 +137,8 @@ def episode(rng: random.Random, start: State, goal: State, skill: float) -> tupl
             break
     to_go = [sum(rewards[t:]) for t in range(len(rewards))]
     bin_ = round(skill, 1)
-    return [(key, (*key, bin_), g) for key, g in zip(seen, to_go)], state == goal
+    return [(key, (*key, bin_), board, g) for key, board, g in zip(seen, boards, to_go)], \
+        state == goal
 
 
 def skills(rng: random.Random, mean: float, concentration: float) -> Iterator[float]:
@@ -143,21 +156,21 @@ def play_group(rng: random.Random, draw: Iterator[float], size: int
 def dropped(group: list[tuple[list[Row], bool]]) -> bool:
     """The trainer's rule (``drop_uniform_groups`` with ``drop_uniform_outcome: won``): every
     episode won, and with the same return (its first row's return-to-go)."""
-    return all(won for _, won in group) and len({rows[0][2] for rows, _ in group}) == 1
+    return all(won for _, won in group) and len({rows[0][-1] for rows, _ in group}) == 1
 
 
 def tables(args: argparse.Namespace, mean: float, drop: bool, rng: random.Random
            ) -> list[dict[tuple, float]]:
     """Each baseline's conditional mean of the return-to-go, per key, over the rows a step
     keeps (a critic fits the rows it trains on)."""
-    sums = [collections.defaultdict(lambda: [0.0, 0]) for _ in BASELINES]
+    sums = [collections.defaultdict(lambda: [0.0, 0]) for _ in range(TABLES)]
     draw = skills(rng, mean, args.concentration)
     for _ in range(max(1, args.table_episodes // args.group_size)):
         group = play_group(rng, draw, args.group_size)
         if drop and dropped(group):
             continue
         for rows, _ in group:
-            for *keys, g in rows:
+            for *keys, _, g in rows:
                 for table, key in zip(sums, keys):
                     table[key][0] += g
                     table[key][1] += 1
@@ -172,21 +185,25 @@ def simulate(args: argparse.Namespace, mean: float, drop: bool) -> dict[str, Any
     per_step = {name: [] for name in BASELINES}
     wins = episodes = kept_groups = 0
     for _ in range(args.steps):
-        rows = []
-        for _ in range(args.groups):
+        rows, places = [], []  # places: (group, episode) of each row
+        for g in range(args.groups):
             group = play_group(rng, draw, args.group_size)
             wins += sum(won for _, won in group)
             episodes += len(group)
             if drop and dropped(group):
                 continue
             kept_groups += 1
-            rows += [row for played, _ in group for row in played]
+            for e, (played, _) in enumerate(group):
+                rows += played
+                places += [(g, e)] * len(played)
         if not rows:  # every group dropped: no update, no critic metric (as the trainer)
             continue
-        returns = torch.tensor([g for *_, g in rows])
+        returns = torch.tensor([row[-1] for row in rows])
         mask = torch.ones_like(returns)
-        for i, name in enumerate(BASELINES):
-            predicted = torch.tensor([values[i].get(row[i], 0.0) for row in rows])
+        predictions = [torch.tensor([values[i].get(row[i], 0.0) for row in rows])
+                       for i in range(TABLES)]
+        predictions.append(with_siblings(predictions[0], rows, places, args.pseudocount))
+        for name, predicted in zip(BASELINES, predictions):
             ev = explained_variance(returns, predicted, mask)
             if ev == ev:  # NaN: equal returns, nothing to explain
                 per_step[name].append(ev)
@@ -194,6 +211,19 @@ def simulate(args: argparse.Namespace, mean: float, drop: bool) -> dict[str, Any
             "success": wins / episodes,
             "kept_groups_share": kept_groups / (args.steps * args.groups),
             **{name: summary(evs) for name, evs in per_step.items()}}
+
+
+def with_siblings(prior: torch.Tensor, rows: list[Row], places: list[tuple[int, int]],
+                  pseudocount: float) -> torch.Tensor:
+    """``prior`` blended with the sibling values of the step's rows, by the trainer's functions:
+    each row is a one-token turn whose id is its (group, board, turns left)."""
+    ids: dict[tuple, int] = {}
+    state_ids = torch.tensor([[ids.setdefault((group, row[2], row[0][2]), len(ids))]
+                              for row, (group, _) in zip(rows, places)])
+    episodes = torch.tensor([group * len(places) + e for group, e in places])
+    returns = torch.tensor([[row[-1]] for row in rows])
+    mean, count = sibling_returns(returns, state_ids, episodes, torch.ones_like(returns))
+    return blend(prior[:, None], mean, count, pseudocount)[:, 0]
 
 
 def summary(evs: list[float]) -> dict[str, float | None]:
