@@ -272,12 +272,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--preset {BANDIT} allows --recipes {' '.join(BANDIT_RECIPES)}")
     if bandit and args.compare:
         parser.error(f"--compare needs an agent preset (--preset), not {BANDIT}")
-    if "verl" in args.recipes:
-        from agentrl.verl.child_run import verl_cpu_python
-
-        if verl_cpu_python() is None:
-            parser.error("--recipes verl needs vLLM's CPU build, which no venv here has; "
-                         "allowed: bash env_setup.sh --verl-cpu first, or the other recipes")
     args.levers = parse_levers(parser, args.lever)
     if args.lever_only and not args.levers:
         parser.error("--lever-only needs a --lever")
@@ -287,6 +281,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "verl" in args.recipes and args.minutes is not None:
         parser.error("--minutes does not cap the verl recipe (verl's trainers take no "
                      "deadline); allowed: --minutes without verl in --recipes, or no --minutes")
+    if "verl" in args.recipes:  # after the arguments' own errors: they hold on any machine
+        from agentrl.verl.child_run import verl_cpu_python
+
+        if verl_cpu_python() is None:
+            parser.error("--recipes verl needs vLLM's CPU build, which no venv here has; "
+                         "allowed: bash env_setup.sh --verl-cpu first, or the other recipes")
     if args.val_every is None:
         args.val_every = args.steps
     for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms",
