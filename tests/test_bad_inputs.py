@@ -134,6 +134,8 @@ CASES = [
     ("bench learn_verl", "part of another benchmark"),
     ("bench learn_verl --help", "part of another benchmark"),
     ("bench quick_train --from-run {empty} --out {empty}/q.json", "--from-run"),
+    ("bench learn --recipes verl --minutes 5", "--minutes"),  # on any machine, venv or not
+    ("bench learn --recipes verl --steps 0", "--steps"),
     *([("bench learn --recipes verl --steps 1", "vLLM")]
       if NO_VLLM else []),  # where this Python has vLLM's CPU build the recipe runs
     # the others

@@ -35,6 +35,12 @@ def _check_critic(config: Any) -> None:
                          f"not allowed with algorithm.adv_estimator="
                          f"{config.algorithm.adv_estimator!r} (no values to blend); allowed: "
                          "null, or adv_estimator='gae'")
+    algo = config.algorithm
+    if config.critic.sibling_pseudocount and algo.gamma_unit == "token" and algo.gamma != 1.0:
+        raise ValueError(f"critic.sibling_pseudocount={config.critic.sibling_pseudocount} is "
+                         f"not allowed with algorithm.gamma={algo.gamma} per token (a sibling's "
+                         "return is discounted by its own reply's length); allowed: null, "
+                         "algorithm.gamma=1, or algorithm.gamma_unit='turn'")
     pretrain = config.critic.pretrain_steps
     if pretrain and config.algorithm.adv_estimator != "gae":
         raise ValueError(f"critic.pretrain_steps={pretrain} is not allowed with "

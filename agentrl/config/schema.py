@@ -346,7 +346,8 @@ class CriticConfig(Section):
     """Blend each turn's value with the mean return-to-go of its group's other episodes from the
     same board at the same turn: ``(n * their mean + k * critic) / (n + k)`` for ``n`` such
     turns, the critic counting as ``k`` = this many episodes (agentrl.trainers.sibling_values);
-    null = the critic's values alone. The critic still learns from the returns."""
+    null = the critic's values alone. The critic still learns from GAE's returns (at
+    ``algorithm.lam: 1`` the episodes' own)."""
     pretrain_steps: int = setting(0, at_least(0), "an integer >= 0")
     """The first N PPO steps (after the warm start) update the critic only: the actor's first
     update then reads values fitted to its own returns, not a new value head's guesses (verl's

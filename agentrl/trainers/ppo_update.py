@@ -117,6 +117,7 @@ class PPOUpdate:
         self.value_fit = (RidgeValueFit(config.critic.fit_window)  # critic.head_fit: ridge
                           if critic is not None and config.critic.head_fit == "ridge" else None)
         self._observed_rows: set[int] = set()  # see _critic_micro
+        self._warned_no_boards = False  # see _with_sibling_values
         actor_settings = config.actor
         self.loss_settings = ppo.LossSettings(
             policy_loss=actor_settings.policy_loss, clip_ratio_low=actor_settings.clip_ratio_low,
@@ -328,12 +329,14 @@ class PPOUpdate:
         return critic.cliprange_value * max(1.0, rms)
 
     def _advantages(self, rewards: torch.Tensor, mask: torch.Tensor, values: torch.Tensor | None,
-                    group_index: torch.Tensor, episode_index: torch.Tensor
-                    ) -> tuple[torch.Tensor, torch.Tensor]:
+                    group_index: torch.Tensor, episode_index: torch.Tensor,
+                    lam: float | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """GAE (or the configured estimator) over whole episodes; ``lam`` overrides
+        ``algorithm.lam``."""
         algo = self.config.algorithm
         return ppo.compute_advantages(
             algo.adv_estimator, rewards, mask, values=values, group_index=group_index.numpy(),
-            gamma=algo.gamma, lam=algo.lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
+            gamma=algo.gamma, lam=algo.lam if lam is None else lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
             episode_index=episode_index, gamma_unit=algo.gamma_unit)
 
     def _with_sibling_values(self, batch: dict[str, torch.Tensor], values: torch.Tensor,
@@ -345,11 +348,13 @@ class PPOUpdate:
         if "state_ids" not in batch:
             raise ValueError("critic.sibling_pseudocount needs the batch's state_ids "
                              "(to_batch(..., state_ids=True))")
-        algo, mask = self.config.algorithm, batch["response_mask"].float()
-        to_go = ppo.compute_advantages(
-            algo.adv_estimator, batch["rewards"], mask, values=torch.zeros_like(values),
-            group_index=batch["group_index"].numpy(), gamma=algo.gamma, lam=1.0,
-            episode_index=batch["episode_index"], gamma_unit=algo.gamma_unit)[1]
+        mask = batch["response_mask"].float()
+        to_go = self._advantages(batch["rewards"], mask, torch.zeros_like(values),
+                                 batch["group_index"], batch["episode_index"], lam=1.0)[1]
+        if not bool((batch["state_ids"] >= 0).any()) and not self._warned_no_boards:
+            log.warning("critic.sibling_pseudocount: no turn of this batch recorded its board "
+                        "(Turn.state), so no value is blended: the preset's game gives none")
+            self._warned_no_boards = True
         mean, count = sibling_returns(to_go, batch["state_ids"], batch["episode_index"], mask)
         metrics["critic/sibling_share"] = float(((count > 0).float() * mask).sum()
                                                 / mask.sum().clamp(min=1))

@@ -14,7 +14,9 @@ episode's own actions and stays a valid baseline. Few siblings give a noisy mean
 shrunk toward the critic's value: with ``n`` siblings the value is ``(n * mean + k * critic) /
 (n + k)``, the critic counting as ``k`` = ``critic.sibling_pseudocount`` episodes (empirical
 Bayes' weight for a prior worth ``k`` observations). A turn no sibling shares keeps the
-critic's value. The critic itself still learns from the returns alone.
+critic's value. The critic still learns from GAE's returns: at ``lam`` 1 the episodes' own
+returns-to-go; below 1 they bootstrap from the values GAE read, the blend included (and
+``critic/vf_explained_var`` scores the blend against them, as verl scores any critic).
 """
 
 from __future__ import annotations

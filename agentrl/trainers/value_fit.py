@@ -11,7 +11,8 @@ the last ``window`` steps' tokens is exact where gradient steps only creep, and 
 diverge. Its strength is chosen by K-fold cross-validation over games, not over tokens: the
 tokens of one game share its return, so a fold must hold whole games out, or a fit that only
 remembers games would look perfect. The head predicts the next step's batch before seeing it;
-that out-of-sample error is what ``critic/vf_explained_var`` reports.
+that out-of-sample error is what ``critic/vf_explained_var`` reports (``critic/head_explained_var``
+when ``critic.sibling_pseudocount`` blends other values in).
 """
 
 from __future__ import annotations

@@ -281,12 +281,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if "verl" in args.recipes and args.minutes is not None:
         parser.error("--minutes does not cap the verl recipe (verl's trainers take no "
                      "deadline); allowed: --minutes without verl in --recipes, or no --minutes")
-    if "verl" in args.recipes:  # after the arguments' own errors: they hold on any machine
-        from agentrl.verl.child_run import verl_cpu_python
-
-        if verl_cpu_python() is None:
-            parser.error("--recipes verl needs vLLM's CPU build, which no venv here has; "
-                         "allowed: bash env_setup.sh --verl-cpu first, or the other recipes")
     if args.val_every is None:
         args.val_every = args.steps
     for name in ("seeds", "steps", "sft_episodes", "sft_epochs", "val_groups", "arms",
@@ -298,6 +292,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     if args.only_seed and not all(0 <= seed < args.seeds for seed in args.only_seed):
         parser.error(f"--only-seed must be a training seed of --seeds {args.seeds}: "
                      f"0..{args.seeds - 1}")
+    if "verl" in args.recipes:  # last: an argument's own error holds on any machine
+        from agentrl.verl.child_run import verl_cpu_python
+
+        if verl_cpu_python() is None:
+            parser.error("--recipes verl needs vLLM's CPU build, which no venv here has; "
+                         "allowed: bash env_setup.sh --verl-cpu first, or the other recipes")
     args.run_dir = Path(args.run_dir).resolve()
     return args
 

@@ -15,8 +15,10 @@ from agentrl.trainers.timing import StageTimer
 from update_fixtures import tiny_trainer
 
 
-def episode(group: int, states: list[str], rewards: list[float], seed: int = 0) -> Trajectory:
-    """Two-token replies from the given boards, a one-token observation between them."""
+def episode(group: int, states: list[str], rewards: list[float], seed: int = 0,
+            window: bool = False) -> Trajectory:
+    """Two-token replies from the given boards, a one-token observation between them;
+    ``window``: each turn after the first opens a context window of its own (a row each)."""
     ids, mask, ends, turns = [], [], [], []
     for k, state in enumerate(states):
         if k:
@@ -28,7 +30,8 @@ def episode(group: int, states: list[str], rewards: list[float], seed: int = 0) 
         ends.append(len(ids) - 1)
         turns.append(Turn(prompt_ids=(5,), response_ids=reply, logprobs=(-1.0, -1.0),
                           reward=rewards[k], format_ok=True, num_actions=1, num_valid=1,
-                          num_effective=1, truncated_by_length=False, state=state))
+                          num_effective=1, truncated_by_length=False, state=state,
+                          context_start=len(ids) - 2 if window and k else 0))
     return Trajectory(preset="p", seed=seed, group_index=group, prompt_ids=[1, 2, 3],
                       response_ids=ids, response_mask=mask, response_logprobs=[-1.0] * len(ids),
                       turn_end_positions=ends, turn_rewards=list(rewards), success=False,
@@ -43,6 +46,24 @@ def test_one_id_per_group_board_and_turn_on_the_replies_model_tokens():
     assert ids[1].tolist() == [0, 0, -1, 2, 2]  # board A again, but on turn 2: another id
     assert ids[2].tolist() == [3, 3, -1, -1, -1]  # another group; no recorded board: -1
     assert "state_ids" not in to_batch([episode(0, ["A"], [1])], pad_token_id=0)
+
+
+def test_an_episode_over_several_context_windows_is_never_its_own_sibling():
+    """An episode cut into a row per turn keeps its ids across the rows, and its rows do not
+    count as each other's siblings: only the other episode's turns from the board do."""
+    batch = to_batch([episode(0, ["A", "B"], [0.0, 4.0], window=True),
+                      episode(0, ["A", "B"], [0.0, -2.0], seed=1)], pad_token_id=0,
+                     state_ids=True)
+    assert batch["episode_index"].tolist() == [0, 0, 1]  # the first episode is two rows
+    ids = batch["state_ids"]
+    assert ids[0, :2].tolist() == [0, 0] and ids[1, :2].tolist() == [1, 1]
+    assert ids[2].tolist() == [0, 0, -1, 1, 1]
+    mask = batch["response_mask"].float()
+    returns = torch.tensor([[4.0, 4.0, 0.0, 0.0, 0.0], [4.0, 4.0, 0.0, 0.0, 0.0],
+                            [-2.0, -2.0, 0.0, -2.0, -2.0]])[:, :mask.shape[1]]
+    mean, count = sibling_returns(returns, ids, batch["episode_index"], mask)
+    assert mean[0, :2].tolist() == [-2.0, -2.0] and mean[1, :2].tolist() == [-2.0, -2.0]
+    assert mean[2, 0] == 4.0 and mean[2, 3] == 4.0 and count[mask.bool()].tolist() == [1] * 8
 
 
 def test_a_turns_sibling_value_is_the_other_episodes_mean_return_from_its_board():
@@ -94,3 +115,17 @@ def test_sibling_values_need_a_critic_and_are_the_local_engines():
         compose_config(["critic.sibling_pseudocount=2", "algorithm.adv_estimator=grpo"])
     with pytest.raises(ValueError, match="critic.sibling_pseudocount"):
         compose_config(["critic.sibling_pseudocount=0"])
+    with pytest.raises(ValueError, match="algorithm.gamma_unit='turn'"):
+        compose_config(["critic.sibling_pseudocount=2", "algorithm.gamma=0.99"])
+    assert compose_config(["critic.sibling_pseudocount=2", "algorithm.gamma=0.99",
+                           "algorithm.gamma_unit=turn"]).critic.sibling_pseudocount == 2
+    with pytest.raises(ValueError, match="critic.sibling_pseudocount=2.0 is not allowed with "
+                                         "backend='verl'"):
+        compose_config(["hardware=cpu-verl", "critic.sibling_pseudocount=2"])
+
+
+def test_a_batch_without_board_ids_is_refused_by_name(tmp_path):
+    batch = to_batch([episode(0, ["A"], [1.0]), episode(0, ["A"], [2.0], seed=1)], pad_token_id=0)
+    trainer = tiny_trainer(tmp_path, "critic.sibling_pseudocount=1")
+    with pytest.raises(ValueError, match="state_ids"):
+        trainer.updater.update(batch, StageTimer())
