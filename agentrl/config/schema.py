@@ -348,10 +348,6 @@ class CriticConfig(Section):
     turns, the critic counting as ``k`` = this many episodes (agentrl.trainers.sibling_values);
     null = the critic's values alone. The critic still learns from GAE's returns (at
     ``algorithm.lam: 1`` the episodes' own)."""
-    sibling_groups: Literal["all", "mixed"] = "all"
-    """Which groups ``sibling_pseudocount`` blends: all, or only the mixed ones (some episodes
-    won, some did not). A group that all lost keeps the critic's values, so its update still
-    pushes down what it did against the batch rather than compare nothing."""
     pretrain_steps: int = setting(0, at_least(0), "an integer >= 0")
     """The first N PPO steps (after the warm start) update the critic only: the actor's first
     update then reads values fitted to its own returns, not a new value head's guesses (verl's

@@ -68,7 +68,6 @@ def _check_local_only_features(config: Any) -> None:
         "critic.standardize_features": (config.critic.standardize_features, False),
         "critic.head_fit": (config.critic.head_fit, "gradient"),
         "critic.sibling_pseudocount": (config.critic.sibling_pseudocount, None),
-        "critic.sibling_groups": (config.critic.sibling_groups, "all"),
         "sft.save_optimizer": (config.sft.save_optimizer, False),
         "trainer.early_stop_patience": (config.trainer.early_stop_patience or None, None),
         "trainer.early_stop_entropy": (config.trainer.early_stop_entropy, None),

@@ -74,7 +74,6 @@ from agentrl.trainers.ppo_update import PPOUpdate
 from agentrl.trainers.reference import Reference, needs_reference
 from agentrl.trainers.resume import resume_checkpoint
 from agentrl.trainers.rng_state import capture_rng_state, restore_rng_state
-from agentrl.trainers.sibling_values import mixed_groups_only
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.tracking import RunTracker
 from agentrl.trainers.warm_start import WarmStart
@@ -415,9 +414,6 @@ class LocalTrainer:
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement,
                              state_ids=config.critic.sibling_pseudocount is not None)
-            if "state_ids" in batch and config.critic.sibling_groups == "mixed":
-                batch["state_ids"] = mixed_groups_only(batch["state_ids"], batch["group_index"],
-                                                       kept)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
         # critic.pretrain_steps: the first PPO steps fit the critic to the policy's returns
         actor_learns = step > config.train.sft_steps + config.critic.pretrain_steps

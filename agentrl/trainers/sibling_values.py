@@ -21,14 +21,11 @@ returns-to-go; below 1 they bootstrap from the values GAE read, the blend includ
 
 from __future__ import annotations
 
-from typing import Sequence
-
 import torch
 
-from agentrl.rollout.records import Trajectory
 from agentrl.trainers.episodes import turn_spans
 
-__all__ = ["blend", "mixed_groups_only", "sibling_returns"]
+__all__ = ["blend", "sibling_returns"]
 
 
 def sibling_returns(returns: torch.Tensor, state_ids: torch.Tensor, episode_index: torch.Tensor,
@@ -69,22 +66,3 @@ def blend(values: torch.Tensor, sibling_mean: torch.Tensor, sibling_count: torch
         raise ValueError(f"pseudocount must be > 0, got {pseudocount}")
     weight = sibling_count / (sibling_count + pseudocount)
     return values + weight.to(values) * (sibling_mean.to(values) - values)
-
-
-def mixed_groups_only(state_ids: torch.Tensor, group_index: torch.Tensor,
-                      trajectories: Sequence[Trajectory]) -> torch.Tensor:
-    """``state_ids`` with -1 on the rows of every group of ``trajectories`` whose episodes all
-    won or all lost (``critic.sibling_groups: mixed``): their turns keep the critic's values.
-
-    Why: in a group that all lost, the siblings' mean is the episode's own failure, so the blend
-    gives its turns no advantage and the update learns nothing from the game; against the
-    critic's values, which know the batch rather than the game, its moves are pushed down (the
-    push a batch-wide baseline gives, which PPO here gains from). The choice reads the episode's
-    own outcome, as ``rollout.drop_uniform_groups`` does: a baseline chosen so is not strictly
-    independent of the episode's actions."""
-    outcomes: dict[int, set[bool]] = {}
-    for trajectory in trajectories:
-        outcomes.setdefault(trajectory.group_index, set()).add(bool(trajectory.success))
-    alike = [group for group, seen in outcomes.items() if len(seen) == 1]
-    rows = torch.isin(group_index, torch.tensor(alike, dtype=group_index.dtype))
-    return torch.where(rows[:, None], torch.full_like(state_ids, -1), state_ids)

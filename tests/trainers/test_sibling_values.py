@@ -3,18 +3,15 @@ from the same board and turn, blended with the critic's."""
 
 from __future__ import annotations
 
-import dataclasses
-
 import pytest
 import torch
 
 from agentrl.config import compose_config
 from agentrl.rollout import to_batch
 from agentrl.rollout.records import Trajectory, Turn
-from agentrl.trainers.sibling_values import blend, mixed_groups_only, sibling_returns
+from agentrl.trainers.sibling_values import blend, sibling_returns
 from agentrl.trainers.timing import StageTimer
 
-from test_step_groups import one_step
 from update_fixtures import tiny_trainer
 
 
@@ -132,31 +129,3 @@ def test_a_batch_without_board_ids_is_refused_by_name(tmp_path):
     trainer = tiny_trainer(tmp_path, "critic.sibling_pseudocount=1")
     with pytest.raises(ValueError, match="state_ids"):
         trainer.updater.update(batch, StageTimer())
-
-
-def test_mixed_groups_only_leaves_the_groups_that_all_won_or_all_lost_to_the_critic():
-    trajectories = [episode(0, ["A"], [0.0]), episode(0, ["A"], [-1.0], seed=1),  # all lost
-                    episode(1, ["A"], [0.0], seed=2), episode(1, ["A"], [1.0], seed=3),
-                    episode(2, ["A"], [1.0], seed=4), episode(2, ["A"], [1.0], seed=5)]
-    for won in (3, 4, 5):  # group 1: one won, one lost; group 2: both won
-        trajectories[won] = dataclasses.replace(trajectories[won], success=True)
-    batch = to_batch(trajectories, pad_token_id=0, state_ids=True)
-    ids = mixed_groups_only(batch["state_ids"], batch["group_index"], trajectories)
-    assert ids[:2].tolist() == [[-1, -1]] * 2 and ids[4:].tolist() == [[-1, -1]] * 2
-    assert torch.equal(ids[2:4], batch["state_ids"][2:4]) and bool((ids[2:4] >= 0).all())
-
-
-def test_a_step_with_mixed_groups_only_blends_no_group_that_played_alike(tmp_path,
-                                                                          one_torch_thread):
-    """The tiny model loses every game of tight BlocksWorld: its two episodes a game start from
-    one board, so every group has siblings, and every group lost alike."""
-    metrics = {}
-    for groups in ("all", "mixed"):
-        metrics[groups], _ = one_step(tmp_path / groups, "tightBlocksworldTurnsAgent",
-                                      "train.group_num=2", "train.group_size=2",
-                                      "rollout.max_new_tokens=8", "critic.sibling_pseudocount=2",
-                                      f"critic.sibling_groups={groups}")
-    success = "train/tightBlocksworldTurnsAgent/success"
-    assert metrics["all"][success] == metrics["mixed"][success] == 0
-    assert metrics["all"]["critic/sibling_share"] > 0
-    assert metrics["mixed"]["critic/sibling_share"] == 0
