@@ -223,6 +223,12 @@ class AlgorithmConfig(Section):
     step_advantage_weight: float = setting(0.0, at_least(0), "a number >= 0")
     """GiGPO's step level: add this weight x each turn's advantage among the group's turns
     from the same board to the estimator's advantages (0 = off; local engine only)."""
+    lost_group_advantage: float = setting(0.0, lambda value: value <= 0, "a number <= 0")
+    """Added to the (whitened) advantage of every model token of a group whose episodes all
+    lost: an explicit push away from what a failed game did (negative-sample reinforcement).
+    A critic whose values know the game (``critic.sibling_pseudocount``) gives such a group
+    no advantage, where a batch-wide baseline pushes it down; this keeps that push beside a
+    critic that explains the returns (0 = off; local engine only)."""
     distance_shaping: float = setting(0.0, at_least(0), "a number >= 0")
     """Potential-based reward shaping by the game oracle's distance to the goal: each turn
     earns this weight x the actions it brought the goal nearer (0 = off; local engine only;

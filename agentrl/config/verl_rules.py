@@ -56,6 +56,7 @@ def _check_local_only_features(config: Any) -> None:
         "rollout.drop_uniform_groups": (config.rollout.drop_uniform_groups, False),
         "rollout.turn_branches": (config.rollout.turn_branches, 0),
         "algorithm.step_advantage_weight": (config.algorithm.step_advantage_weight, 0.0),
+        "algorithm.lost_group_advantage": (config.algorithm.lost_group_advantage, 0.0),
         "algorithm.distance_shaping": (config.algorithm.distance_shaping, 0.0),
         "algorithm.skip_after_missed_moves": (config.algorithm.skip_after_missed_moves, False),
         "critic.share_backbone": (config.critic.share_backbone, False),

@@ -19,6 +19,7 @@ from agentrl.rollout.groups import (
     filter_groups,
     group_trajectories,
     leave_out_after_missed_moves,
+    lost_group_rows,
     normalize_returns,
     normalize_scores,
     run_groups,
@@ -33,7 +34,7 @@ from agentrl.rollout.records import EpisodeOutcome, Trajectory, Turn
 __all__ = [
     "LLM", "REWARD_PLACEMENTS", "ChatSuffix", "branch_metrics", "EpisodeOutcome", "TrainingSample", "Trajectory",
     "Turn", "context_samples", "distance_shaping", "drop_uniform_groups", "filter_groups",
-    "first_prompt_ids", "group_trajectories", "leave_out_after_missed_moves",
+    "first_prompt_ids", "group_trajectories", "leave_out_after_missed_moves", "lost_group_rows",
     "normalize_returns", "normalize_scores", "rollout_metrics", "run_episode", "run_groups",
     "step_advantages", "to_batch", "trajectory_groups", "turn_samples", "uniform_group_metrics",
 ]

@@ -66,7 +66,7 @@ from agentrl.rollout.episode import ChatSuffix, run_episode
 from agentrl.rollout.records import EpisodeOutcome, Trajectory
 
 __all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories",
-           "leave_out_after_missed_moves", "missed_move_turns", "normalize_returns",
+           "leave_out_after_missed_moves", "lost_group_rows", "missed_move_turns", "normalize_returns",
            "run_groups", "step_advantages", "trajectory_groups", "turn_samples",
            "uniform_group_metrics"]
 
@@ -216,6 +216,15 @@ def uniform_group_metrics(groups: Iterable[Sequence[Trajectory | EpisodeOutcome]
     count = max(1, len(groups))
     return {"train/uniform_groups": len(uniform) / count,
             "train/uniform_groups_won": len(won) / count}
+
+
+def lost_group_rows(group_index: torch.Tensor, trajectories: Sequence[Trajectory]
+                    ) -> torch.Tensor:
+    """``(B,)`` bool: whether each batch row's ``group_index`` is one no episode of
+    ``trajectories`` with that index won (``algorithm.lost_group_advantage``)."""
+    won = {t.group_index for t in trajectories if t.success}
+    lost = sorted({t.group_index for t in trajectories} - won)
+    return torch.isin(group_index, torch.tensor(lost, dtype=group_index.dtype))
 
 
 def _is_uniform(group: Sequence[Trajectory | EpisodeOutcome]) -> bool:

@@ -56,9 +56,9 @@ from agentrl.envs.splits import train_seeds
 from agentrl.evaluation import evaluate
 from agentrl.models import load_model
 from agentrl.rollout import (branch_metrics, distance_shaping, drop_uniform_groups,
-                             filter_groups, leave_out_after_missed_moves, normalize_returns,
-                             rollout_metrics, run_groups, step_advantages, to_batch,
-                             trajectory_groups, turn_samples, uniform_group_metrics)
+                             filter_groups, leave_out_after_missed_moves, lost_group_rows,
+                             normalize_returns, rollout_metrics, run_groups, step_advantages,
+                             to_batch, trajectory_groups, turn_samples, uniform_group_metrics)
 from agentrl.rollout.episode_record import episode_record, sample_episodes
 from agentrl.trainers.best import BestKeeper
 from agentrl.trainers.checkpoint import (BestRecord, checkpoint_problem, clear_best,
@@ -414,6 +414,8 @@ class LocalTrainer:
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement,
                              state_ids=config.critic.sibling_pseudocount is not None)
+            if algo.lost_group_advantage:
+                batch["lost_group"] = lost_group_rows(batch["group_index"], kept)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
         # critic.pretrain_steps: the first PPO steps fit the critic to the policy's returns
         actor_learns = step > config.train.sft_steps + config.critic.pretrain_steps

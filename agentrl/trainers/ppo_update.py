@@ -174,6 +174,10 @@ class PPOUpdate:
             advantages = advantages + algo.step_advantage_weight * batch["step_advantages"] * mask
             metrics["actor/step_advantages_nonzero"] = float(
                 (batch["step_advantages"] != 0).float().sum() / mask.sum().clamp(min=1))
+        if "lost_group" in batch:  # a game every episode lost: pushed down as a whole
+            lost = batch["lost_group"][:, None].to(mask) * mask
+            advantages = advantages + algo.lost_group_advantage * lost
+            metrics["actor/lost_group_share"] = float(lost.sum() / mask.sum().clamp(min=1))
         batch.update(advantages=advantages, returns=returns)
         if update_actor and first_pass_is_old:  # filled by the actor's update, row by row
             self._first_pass_logprobs = torch.full_like(mask, float("nan"))  # NaN: not reached
