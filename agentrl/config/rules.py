@@ -70,6 +70,12 @@ def _check_batches(config: Any) -> None:
                          f"rollout.turn_branches={config.rollout.turn_branches} (a turn's "
                          "reply group is one turn, with no move before it to judge); "
                          "allowed: false, or turn_branches=0")
+    if config.algorithm.lost_group_advantage and config.rollout.turn_branches:
+        raise ValueError(f"algorithm.lost_group_advantage={config.algorithm.lost_group_advantage} "
+                         f"is not allowed with rollout.turn_branches="
+                         f"{config.rollout.turn_branches} (a turn's reply group 'won' only "
+                         "if a reply ended the game, so nearly every group would count as "
+                         "lost); allowed: 0, or turn_branches=0")
     batch, mini = config.kept_trajectories, config.actor.ppo_mini_batch_size
     if mini is not None and batch % mini:
         raise ValueError(f"actor.ppo_mini_batch_size={mini} is not allowed: a step keeps "

@@ -223,9 +223,11 @@ class AlgorithmConfig(Section):
     step_advantage_weight: float = setting(0.0, at_least(0), "a number >= 0")
     """GiGPO's step level: add this weight x each turn's advantage among the group's turns
     from the same board to the estimator's advantages (0 = off; local engine only)."""
-    lost_group_advantage: float = setting(0.0, lambda value: value <= 0, "a number <= 0")
-    """Added to the (whitened) advantage of every model token of a group whose episodes all
-    lost: an explicit push away from what a failed game did (negative-sample reinforcement).
+    lost_group_advantage: float = setting(0.0, lambda v: math.isfinite(v) and v <= 0,
+                                          "a finite number <= 0")
+    """Added to the estimator's advantages (GAE's whitened) on every model token of a group no
+    episode won: an explicit push away from what a failed game did (negative-sample
+    reinforcement).
     A critic whose values know the game (``critic.sibling_pseudocount``) gives such a group
     no advantage, where a batch-wide baseline pushes it down; this keeps that push beside a
     critic that explains the returns (0 = off; local engine only)."""

@@ -4,7 +4,8 @@
 - :mod:`agentrl.rollout.episode`: ``run_episode`` and ``ChatSuffix`` (chat-template suffix ids).
 - :mod:`agentrl.rollout.groups`: ``run_groups``, ``filter_groups``, ``drop_uniform_groups``,
   ``step_advantages``, ``distance_shaping``, ``leave_out_after_missed_moves``,
-  ``normalize_returns``, ``turn_samples``, ``trajectory_groups``, ``uniform_group_metrics``.
+  ``lost_group_rows``, ``normalize_returns``, ``turn_samples``, ``trajectory_groups``,
+  ``uniform_group_metrics``.
 - :mod:`agentrl.rollout.batch`: ``to_batch`` (verl's tensor layout, one row per context window:
   ``context_samples``).
 - :mod:`agentrl.rollout.metrics`: ``rollout_metrics`` (``<split>/<preset>/...``, ``timing/...``),

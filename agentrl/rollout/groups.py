@@ -27,6 +27,10 @@ game, so its episodes meet the same board again and again; the turns taken from 
 compared by their returns-to-go (``mean_std`` within that board's turns), which credits the
 reply that differed rather than the whole episode.
 
+Groups no episode won (:func:`lost_group_rows`): the batch rows a push on the advantages
+(``algorithm.lost_group_advantage``) lands on, so a game every episode lost still teaches
+"not this" when the values know the game and give its episodes no advantage.
+
 Distance shaping (:func:`distance_shaping`): where a game's oracle can say how many actions
 the goal still is, each turn earns the distance it closed (potential-based shaping), so a
 turn's credit need not wait for the episode's end.
@@ -221,7 +225,8 @@ def uniform_group_metrics(groups: Iterable[Sequence[Trajectory | EpisodeOutcome]
 def lost_group_rows(group_index: torch.Tensor, trajectories: Sequence[Trajectory]
                     ) -> torch.Tensor:
     """``(B,)`` bool: whether each batch row's ``group_index`` is one no episode of
-    ``trajectories`` with that index won (``algorithm.lost_group_advantage``)."""
+    ``trajectories`` with that index won (``algorithm.lost_group_advantage``). Keyed on the
+    index alone, as the batch is: a step's groups are numbered apart (:func:`run_groups`)."""
     won = {t.group_index for t in trajectories if t.success}
     lost = sorted({t.group_index for t in trajectories} - won)
     return torch.isin(group_index, torch.tensor(lost, dtype=group_index.dtype))

@@ -11,7 +11,10 @@ Stages, each timed by the trainer's :class:`StageTimer` (``timing/<stage>_s``):
   separate critic's values, are not computed here: the updates' own first passes are at the old
   weights, and their detached outputs are the old ones (:meth:`PPOUpdate._first_pass_is_old`,
   :meth:`PPOUpdate._critic_pass_gives_values`).
-- ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator).
+- ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator),
+  optionally blended values (``critic.sibling_pseudocount``); then GiGPO's step level
+  (``algorithm.step_advantage_weight``) and the push on groups no episode won
+  (``algorithm.lost_group_advantage``) are added.
 - ``critic`` then ``actor``: ``ppo_epochs`` passes over shuffled mini-batches
   (:func:`agentrl.trainers.update_loop.run_epochs`), each the sum of micro-batch gradients
   (exact accumulation, see :mod:`agentrl.trainers.ppo`), grad-norm clipping, AdamW. Inside a

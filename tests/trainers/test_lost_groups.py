@@ -11,7 +11,7 @@ from agentrl.rollout import lost_group_rows, to_batch
 from agentrl.rollout.records import Trajectory
 from agentrl.trainers.timing import StageTimer
 
-from test_step_groups import one_step
+from test_step_groups import BLOCKS, one_step
 from update_fixtures import tiny_trainer
 
 
@@ -49,16 +49,18 @@ def test_a_lost_groups_model_tokens_get_the_push_on_their_advantages(tmp_path):
 
 
 def test_a_step_pushes_the_games_the_tiny_model_lost(tmp_path, one_torch_thread):
-    metrics, _ = one_step(tmp_path, "tightBlocksworldTurnsAgent", "train.group_num=2",
-                              "train.group_size=2", "rollout.max_new_tokens=8",
-                              "algorithm.lost_group_advantage=-1")
-    assert metrics["train/tightBlocksworldTurnsAgent/success"] == 0
+    metrics, _ = one_step(tmp_path, BLOCKS, "train.group_num=2", "train.group_size=2",
+                          "rollout.max_new_tokens=8", "algorithm.lost_group_advantage=-1")
+    assert metrics[f"train/{BLOCKS}/success"] == 0
     assert metrics["actor/lost_group_share"] == 1.0  # every token of the batch
 
 
-def test_the_push_is_a_number_at_most_0_and_the_local_engines():
-    with pytest.raises(ValueError, match="algorithm.lost_group_advantage"):
-        compose_config(["algorithm.lost_group_advantage=0.5"])
+def test_the_push_is_a_finite_number_at_most_0_of_the_local_engine_without_turn_branches():
+    for bad in ("0.5", "-inf"):
+        with pytest.raises(ValueError, match="algorithm.lost_group_advantage"):
+            compose_config([f"algorithm.lost_group_advantage={bad}"])
+    with pytest.raises(ValueError, match="rollout.turn_branches=2"):
+        compose_config(["algorithm.lost_group_advantage=-1", "rollout.turn_branches=2"])
     with pytest.raises(ValueError, match="algorithm.lost_group_advantage=-1.0 is not allowed "
                                          "with backend='verl'"):
         compose_config(["hardware=cpu-verl", "algorithm.lost_group_advantage=-1"])
