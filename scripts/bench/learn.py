@@ -93,6 +93,7 @@ import argparse
 import asyncio
 import contextlib
 import dataclasses
+import functools
 import gc
 import json
 import shutil
@@ -385,6 +386,9 @@ def cached_stage(folder: Path, settings: dict[str, Any], *, extends: bool = Fals
     unchecked = "config" in settings and "config" not in stored
     if unchecked:  # a record from before stage records held their resolved config
         settings = {key: value for key, value in settings.items() if key != "config"}
+    elif "config" in settings:
+        settings = {**settings, "config": without_keys_added_since(stored["config"],
+                                                                   settings["config"])}
     same = stored == settings
     goes_on = not same and extends and more_steps(stored, settings)
     if unchecked and (same or goes_on):
@@ -401,6 +405,36 @@ def cached_stage(folder: Path, settings: dict[str, Any], *, extends: bool = Fals
     raise ValueError(f"{folder} holds a run made with other settings "
                      f"({'; '.join(settings_changes(stored, settings))}); remove it or choose "
                      "another --run-dir")
+
+
+def without_keys_added_since(stored: dict[str, Any], wanted: dict[str, Any]) -> dict[str, Any]:
+    """``wanted`` (a resolved config's sections) without the keys ``stored`` predates that sit
+    at their schema default: a key added to the config since, off by default, changes nothing
+    a finished stage did. At another value it is kept, and refused as a change."""
+    defaults = schema_defaults()
+    return {section: {key: value for key, value in values.items()
+                      if key in stored.get(section, {})
+                      or defaults.get(section, {}).get(key, value) != value}
+            if isinstance(values, dict) and section in defaults else values
+            for section, values in wanted.items()}
+
+
+@functools.cache
+def schema_defaults() -> dict[str, dict[str, Any]]:
+    """Each config section's keys at their dataclass defaults, as JSON reads them back."""
+    root = compose_config([])
+    defaults = {}
+    for section in dataclasses.fields(root):
+        value = getattr(root, section.name)
+        if dataclasses.is_dataclass(value):
+            defaults[section.name] = {
+                field.name: json.loads(json.dumps(
+                    field.default if field.default is not dataclasses.MISSING
+                    else field.default_factory(), default=str))
+                for field in dataclasses.fields(value)
+                if field.default is not dataclasses.MISSING
+                or field.default_factory is not dataclasses.MISSING}
+    return defaults
 
 
 def settings_changes(stored: dict[str, Any], wanted: dict[str, Any]) -> list[str]:

@@ -220,6 +220,25 @@ def test_a_stage_made_under_another_default_is_refused_naming_the_key(bench, tmp
     assert "holds no resolved config" in capsys.readouterr().err
 
 
+def test_a_key_added_since_a_stage_ran_reads_back_at_its_default_only(bench, tmp_path):
+    """A stage recorded before a config key existed is the same stage under that key's default
+    (a new key is off by default), and another stage at any other value of it."""
+    configs = bench.Configs(bench.parse_args(["--run-dir", str(tmp_path), "model=tiny"]))
+    folder = tmp_path / "sft_ppo" / "seed_0"
+
+    def settings(*extra):
+        config = configs.build(constrained=True, extra=extra)
+        return configs.settings(steps=4, minutes=None,
+                                config=configs.resolved(config, bench.PPO_SECTIONS))
+
+    old = settings()
+    del old["config"]["algorithm"]["lost_group_advantage"]  # recorded before the key was added
+    record = bench.save_stage(folder, old, {"checkpoint": None})
+    assert bench.cached_stage(folder, settings(), extends=True) == record
+    with pytest.raises(ValueError, match=r"algorithm\.lost_group_advantage: None -> -1\.0"):
+        bench.cached_stage(folder, settings("algorithm.lost_group_advantage=-1"), extends=True)
+
+
 def test_the_model_is_resolved_unless_it_is_the_checkpoint_a_stage_starts_from(bench, tmp_path):
     configs = bench.Configs(bench.parse_args(["--run-dir", str(tmp_path), "model=tiny"]))
     config = configs.build(constrained=True)
