@@ -11,10 +11,9 @@ Stages, each timed by the trainer's :class:`StageTimer` (``timing/<stage>_s``):
   separate critic's values, are not computed here: the updates' own first passes are at the old
   weights, and their detached outputs are the old ones (:meth:`PPOUpdate._first_pass_is_old`,
   :meth:`PPOUpdate._critic_pass_gives_values`).
-- ``advantages``: optional KL penalty in the reward, then GAE (or a critic-free estimator),
-  optionally blended values (``critic.sibling_pseudocount``); then GiGPO's step level
-  (``algorithm.step_advantage_weight``) and the push on groups no episode won
-  (``algorithm.lost_group_advantage``) are added.
+- ``advantages``: optional KL penalty in the reward, then GAE (values optionally blended with
+  siblings') or a critic-free estimator, plus GiGPO's step level and the push on groups no
+  episode won (``algorithm.step_advantage_weight``, ``algorithm.lost_group_advantage``).
 - ``critic`` then ``actor``: ``ppo_epochs`` passes over shuffled mini-batches
   (:func:`agentrl.trainers.update_loop.run_epochs`), each the sum of micro-batch gradients
   (exact accumulation, see :mod:`agentrl.trainers.ppo`), grad-norm clipping, AdamW. Inside a
@@ -343,8 +342,9 @@ class PPOUpdate:
         algo = self.config.algorithm
         return ppo.compute_advantages(
             algo.adv_estimator, rewards, mask, values=values, group_index=group_index.numpy(),
-            gamma=algo.gamma, lam=algo.lam if lam is None else lam, norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo,
-            episode_index=episode_index, gamma_unit=algo.gamma_unit)
+            gamma=algo.gamma, lam=algo.lam if lam is None else lam,
+            norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, episode_index=episode_index,
+            gamma_unit=algo.gamma_unit)
 
     def _with_sibling_values(self, batch: dict[str, torch.Tensor], values: torch.Tensor,
                              metrics: dict[str, float]) -> torch.Tensor:

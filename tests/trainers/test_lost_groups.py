@@ -33,7 +33,8 @@ def games() -> list[Trajectory]:
 def test_the_rows_of_groups_no_episode_won_are_flagged():
     trajectories = games()
     batch = to_batch(trajectories, pad_token_id=0)
-    assert lost_group_rows(batch["group_index"], trajectories).tolist() == [True, True] + [False] * 4
+    flags = lost_group_rows(batch["group_index"], trajectories)
+    assert flags.tolist() == [True, True] + [False] * 4
 
 
 def test_a_lost_groups_model_tokens_get_the_push_on_their_advantages(tmp_path):
