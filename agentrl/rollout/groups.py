@@ -71,8 +71,8 @@ from agentrl.rollout.records import EpisodeOutcome, Trajectory
 
 __all__ = ["distance_shaping", "drop_uniform_groups", "filter_groups", "group_trajectories",
            "leave_out_after_missed_moves", "lost_group_rows", "missed_move_turns",
-           "normalize_returns", "run_groups", "step_advantages", "trajectory_groups", "turn_samples",
-           "uniform_group_metrics"]
+           "normalize_returns", "run_groups", "step_advantages", "trajectory_groups",
+           "turn_samples", "uniform_group_metrics"]
 
 FILTER_MODES = ("std", "std_rev")
 GROUPINGS = ("state", "batch")
