@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.evaluation.stats import (
     Z_95, binomial_p, mcnemar, mean_difference, paired_difference, paired_over_seeds,
-    wilson_interval,
+    seed_interval, student_t_95, wilson_interval,
 )
 
 
@@ -104,3 +104,30 @@ def test_seeds_on_the_same_games_count_each_game_once():
         paired_over_seeds(a, [b[0]])
     with pytest.raises(ValueError, match="same games"):
         paired_over_seeds([[True]], [[True, False]])
+
+
+def test_the_seed_interval_has_the_runs_as_its_units():
+    # 3 seeds on 4 games: per-seed differences +0.5, 0 and +0.25 (mean 0.25, sd 0.25)
+    a = [[True, True, False, False], [True, False, False, False], [True, True, False, False]]
+    b = [[False, False, False, False], [True, False, False, False], [True, False, False, False]]
+    low, high = paired_over_seeds(a, b)["seed_ci95"]
+    half = 4.303 * 0.25 / 3 ** 0.5  # Student's t, 2 degrees of freedom
+    assert (low, high) == pytest.approx((0.25 - half, 0.25 + half))
+    # seeds that agree leave no run-to-run spread, however the games differ
+    agree = paired_over_seeds([a[0], a[0]], [b[0], b[0]])
+    assert agree["seed_ci95"] == pytest.approx([0.5, 0.5])
+    assert agree["gain_ci95"][1] - agree["gain_ci95"][0] > 0.5
+    assert paired_over_seeds(a[:1], b[:1])["seed_ci95"] is None
+    assert seed_interval([0.1, 0.1]) == pytest.approx([0.1, 0.1])
+
+
+@pytest.mark.parametrize("df, exact", [(1, 12.706), (2, 4.303), (10, 2.228), (11, 2.201),
+                                       (20, 2.086), (30, 2.042), (120, 1.980)])
+def test_student_t_quantiles(df, exact):
+    assert student_t_95(df) == pytest.approx(exact, abs=0.0005)
+    assert student_t_95(df) > Z_95
+
+
+def test_student_t_needs_a_degree_of_freedom():
+    with pytest.raises(ValueError, match="degrees of freedom"):
+        student_t_95(0)

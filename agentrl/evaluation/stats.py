@@ -27,10 +27,27 @@ import math
 from typing import Any
 
 __all__ = ["Z_95", "binomial_p", "mcnemar", "mean_difference", "paired_difference",
-           "paired_over_seeds", "rounded", "wilson_interval"]
+           "paired_over_seeds", "rounded", "seed_interval", "student_t_95",
+           "wilson_interval"]
 
 Z_95 = 1.959963984540054
 """The standard normal quantile of a two-sided 95% interval."""
+
+_T_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
+"""Student's t quantile of a two-sided 95% interval with 1-10 degrees of freedom."""
+
+
+def student_t_95(df: int) -> float:
+    """Student's t quantile of a two-sided 95% interval with ``df`` degrees of freedom: the
+    table to 10, then the first three terms of the Cornish-Fisher series in ``1 / df`` (within
+    0.0005 of the exact quantile from 11 on)."""
+    if df < 1:
+        raise ValueError(f"degrees of freedom must be >= 1, got {df}")
+    if df <= len(_T_95):
+        return _T_95[df - 1]
+    z = Z_95
+    return (z + (z ** 3 + z) / (4 * df) + (5 * z ** 5 + 16 * z ** 3 + 3 * z) / (96 * df ** 2)
+            + (3 * z ** 7 + 19 * z ** 5 + 17 * z ** 3 - 15 * z) / (384 * df ** 3))
 
 
 def wilson_interval(successes: float, n: int, z: float = Z_95) -> tuple[float, float]:
@@ -112,12 +129,31 @@ def paired_over_seeds(a: list[list[bool]], b: list[list[bool]]) -> dict[str, Any
     averaged over the seeds; their mean and interval (:func:`mean_difference`); and the sign
     test of the games the seeds favour ``a`` on (``better``) against those they favour ``b``
     on (``worse``). Adding McNemar's counts over seeds instead would count a game once per seed,
-    as if each were new."""
+    as if each were new.
+
+    That interval holds the training runs fixed: it says how sure the games make the
+    difference between these runs, not how much another run would move it. ``seed_ci95`` has
+    the seeds as the units: Student's t interval of the per-seed differences of the success
+    rates (n - 1 degrees of freedom; None with one seed). With 3 seeds it is wide (t = 4.3),
+    and it is the one a run-to-run spread shows in."""
     if len(a) != len(b) or not a or len({len(wins) for wins in (*a, *b)}) != 1:
         raise ValueError("paired seeds need the same games on every seed for both players")
     per_game = [sum(int(x) - int(y) for x, y in zip(games_a, games_b)) / len(a)
                 for games_a, games_b in zip(zip(*a), zip(*b))]
     gain, interval = mean_difference(per_game)
     better, worse = sum(d > 0 for d in per_game), sum(d < 0 for d in per_game)
+    per_seed = [(sum(games_a) - sum(games_b)) / len(games_a) for games_a, games_b in zip(a, b)]
     return {"gain": gain, "gain_ci95": list(interval), "games": len(per_game),
-            "better": better, "worse": worse, "p": binomial_p(better, worse)}
+            "better": better, "worse": worse, "p": binomial_p(better, worse),
+            "seed_ci95": seed_interval(per_seed)}
+
+
+def seed_interval(per_seed: list[float]) -> list[float] | None:
+    """Student's t 95% interval of the mean of ``per_seed`` differences (None for one)."""
+    n = len(per_seed)
+    if n < 2:
+        return None
+    mean = sum(per_seed) / n
+    sd = math.sqrt(sum((d - mean) ** 2 for d in per_seed) / (n - 1))
+    half = student_t_95(n - 1) * sd / math.sqrt(n)
+    return [max(-1.0, mean - half), min(1.0, mean + half)]

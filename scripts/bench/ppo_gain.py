@@ -227,6 +227,12 @@ def show(result: dict[str, Any]) -> None:
     def games(pooled: dict[str, Any]) -> tuple[int, int, float]:
         return pooled["better"], pooled["worse"], pooled["p"]
 
+    def over_seeds(pooled: dict[str, Any]) -> str:
+        interval = pooled.get("seed_ci95")  # absent from results made before it was kept
+        if interval is None:
+            return ""
+        return f" (seeds as units [{interval[0]:+.1%}, {interval[1]:+.1%}])"
+
     for r in result["runs"]:
         line(r["seed"], size, r["sft"], r["sft_ppo"], r, counts(r["mcnemar"]), r)
         for name, lever in r.get("levers", {}).items():
@@ -239,9 +245,10 @@ def show(result: dict[str, Any]) -> None:
              games(lever["pooled"]), None)
         vs = lever["vs_sft_ppo"]
         print(f"  +{name} against {size} on the same games: {vs['gain']:+.1%} "
-              f"[{vs['gain_ci95'][0]:+.1%}, {vs['gain_ci95'][1]:+.1%}], games better/worse "
-              f"{vs['better']}/{vs['worse']}, p {vs['p']:.3f}")
-    spread = "" if m["gain_seed_sd"] is None else f", sd {m['gain_seed_sd']:.1%} over the seeds"
+              f"[{vs['gain_ci95'][0]:+.1%}, {vs['gain_ci95'][1]:+.1%}]{over_seeds(vs)}, "
+              f"games better/worse {vs['better']}/{vs['worse']}, p {vs['p']:.3f}")
+    spread = ("" if m["gain_seed_sd"] is None
+              else f", sd {m['gain_seed_sd']:.1%} over the seeds{over_seeds(m['pooled'])}")
     verdict = "meets" if result["passed"] else "misses"
     print(f"mean gain {m['gain']:+.1%}{spread} ({verdict} the goal of {GOAL:+.0%}); "
           f"{result['val_games']} held-out games ({result['split']} split) a model, greedy, "
@@ -249,7 +256,8 @@ def show(result: dict[str, Any]) -> None:
           f"EV from step {EV_FROM} on, clip, KL and entropy per real choice over all steps; "
           "mean rows: "
           "each game's difference averaged over the seeds (the same games every seed), "
-          "better/worse = games PPO won on more / fewer seeds, the sign test's p")
+          "better/worse = games PPO won on more / fewer seeds, the sign test's p; seeds as "
+          "units: Student's t interval of the per-seed gains, which a run-to-run spread widens")
 
 
 LEGEND_COLUMNS = 3
@@ -299,7 +307,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
               "steps": args.steps,
               "groups": args.groups, "group_size": args.group_size,
               "sft_episodes": args.sft_episodes, "sft_epochs": args.sft_epochs,
-              "overrides": args.overrides, "levers": args.levers, "goal": GOAL, "gain": mean["gain"],
+              "overrides": args.overrides, "levers": args.levers, "goal": GOAL,
+              "gain": mean["gain"],
               "gain_per_seed": [r["gain"] for r in runs],
               "games": [r["games"] for r in runs], "passed": mean["gain"] >= GOAL,
               "mean": mean, "runs": runs,

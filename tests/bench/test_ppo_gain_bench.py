@@ -35,6 +35,9 @@ def test_the_mean_gain_and_the_pooled_games(bench):
     assert pooled["p"] == pytest.approx(1.0)
     low, high = pooled["gain_ci95"]
     assert low < pooled["gain"] < high
+    # the seeds as the units: +0.5 and -0.25, Student's t with one degree of freedom
+    half = 12.706 * mean["gain_seed_sd"] / 2 ** 0.5
+    assert pooled["seed_ci95"] == pytest.approx([max(-1.0, 0.125 - half), min(1.0, 0.125 + half)])
 
 
 def test_arguments_are_checked(bench, capsys):
