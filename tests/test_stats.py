@@ -7,7 +7,7 @@ import pytest
 
 from agentrl.evaluation.stats import (
     Z_95, binomial_p, mcnemar, mean_difference, paired_difference, paired_over_seeds,
-    seed_interval, student_t_95, wilson_interval,
+    seed_interval, student_t_95, student_t_p, wilson_interval,
 )
 
 
@@ -131,3 +131,10 @@ def test_student_t_quantiles(df, exact):
 def test_student_t_needs_a_degree_of_freedom():
     with pytest.raises(ValueError, match="degrees of freedom"):
         student_t_95(0)
+
+
+@pytest.mark.parametrize("t, df, p", [(2.447, 6, 0.05), (4.303, 2, 0.05), (12.706, 1, 0.05),
+                                      (2.0, 30, 0.0546), (0.0, 5, 1.0), (1e9, 1, 0.0)])
+def test_student_t_p(t, df, p):
+    assert student_t_p(t, df) == pytest.approx(p, abs=2e-4)
+    assert student_t_p(-t, df) == student_t_p(t, df)
