@@ -19,6 +19,10 @@ than two rates' intervals side by side, since a game hard for one is mostly hard
 
     >>> mcnemar([True, True, False, True], [False, True, False, False])
     {'only_a': 2, 'only_b': 0, 'p': 0.5}
+
+Models trained on several seeds are compared with the games as the units (how sure the games
+make the difference between these runs) and with the seeds as the units (Student's t over the
+per-seed differences: what another training run would move).
 """
 
 from __future__ import annotations
@@ -39,8 +43,8 @@ _T_95 = (12.706, 4.303, 3.182, 2.776, 2.571, 2.447, 2.365, 2.306, 2.262, 2.228)
 
 def student_t_95(df: int) -> float:
     """Student's t quantile of a two-sided 95% interval with ``df`` degrees of freedom: the
-    table to 10, then the first three terms of the Cornish-Fisher series in ``1 / df`` (within
-    0.0005 of the exact quantile from 11 on)."""
+    table to 10, then the Cornish-Fisher series through ``1 / df^3`` (within 0.00015 of the
+    exact quantile from 11 on)."""
     if df < 1:
         raise ValueError(f"degrees of freedom must be >= 1, got {df}")
     if df <= len(_T_95):
@@ -164,7 +168,8 @@ def paired_over_seeds(a: list[list[bool]], b: list[list[bool]]) -> dict[str, Any
 
 
 def seed_interval(per_seed: list[float]) -> list[float] | None:
-    """Student's t 95% interval of the mean of ``per_seed`` differences (None for one)."""
+    """Student's t 95% interval of the mean of ``per_seed`` differences of rates (fractions,
+    so the interval is kept inside [-1, 1]); None for one."""
     n = len(per_seed)
     if n < 2:
         return None

@@ -1,6 +1,6 @@
 """scripts/bench/run_noise.py on a hand-made ppo_gain result: the run-to-run spread from null
-pairs, each pair read against it, pairs read as one, the warm start's half variance, and its
-refusals."""
+pairs, each pair read against it, pairs read as one (clustered by seed), the warm start's half
+variance, and its refusals."""
 
 from __future__ import annotations
 
@@ -41,13 +41,13 @@ def test_pairs_are_read_against_the_spread_of_the_null(bench, result_file, tmp_p
     record = bench.main([str(result_file), "--null", "again:sft_ppo", "--out", str(out)])
     sigma = math.sqrt((0.2 ** 2 + 0.1 ** 2 + 0.2 ** 2) / 3)
     assert record["noise"]["sigma"] == pytest.approx(sigma) and record["noise"]["df"] == 3
-    # by default every lever against sft_ppo, and the null itself
-    assert set(record["pairs"]) == {"again:sft_ppo", "lever:sft_ppo"}
+    assert set(record["pairs"]) == {"again:sft_ppo", "lever:sft_ppo"}  # every lever
     lever = record["pairs"]["lever:sft_ppo"]  # -2, -2, -3 games
     assert lever["per_seed"] == pytest.approx([-0.2, -0.2, -0.3])
     half = student_t_95(3) * sigma / math.sqrt(3)
     assert lever["ci95"] == pytest.approx([-0.7 / 3 - half, -0.7 / 3 + half])
-    assert 0.05 < lever["p"] < 0.2  # t = 2.4 with 3 degrees of freedom
+    assert lever["se"] == pytest.approx(sigma / math.sqrt(3)) and lever["ppo_arms"] == 2
+    assert 0.05 < lever["p"] < 0.2  # t = 2.33 with 3 degrees of freedom
     # with the seeds as the units the same lever is far surer: the seeds agree
     low, high = lever["seed_ci95"]
     assert high < 0 and high - low < 2 * half
@@ -63,6 +63,9 @@ def test_pairs_read_as_one_and_the_warm_start_has_half_the_variance(bench, resul
     sigma = record["noise"]["sigma"]
     both = record["pairs"]["sft_ppo:sft+again:sft"]
     assert both["per_seed"] == pytest.approx([0.1, 0.2, 0.2, 0.3, 0.1, 0.0])
+    # with the seeds as the units a seed's two runs are averaged first: 0.2, 0.15, 0.1
+    half = student_t_95(2) * 0.05 / math.sqrt(3)
+    assert both["seed_ci95"] == pytest.approx([0.15 - half, 0.15 + half])
     one = record["pairs"]["sft_ppo:sft"]
     # one PPO run against the warm start: sigma / sqrt(2), over 3 seeds and then over 6
     assert one["ci95"][1] - one["mean"] == pytest.approx(
@@ -77,8 +80,30 @@ def test_bad_pairs_are_refused(bench, result_file, tmp_path):
         bench.main([str(result_file), "--null", "nope:sft_ppo", *out])
     with pytest.raises(SystemExit, match="no null pair"):
         bench.main([str(result_file), *out])
+    for null in ("sft_ppo:sft", "again:again"):  # half the variance; no variance at all
+        with pytest.raises(SystemExit, match="two different PPO arms"):
+            bench.main([str(result_file), "--null", null, *out])
+    with pytest.raises(SystemExit, match="named twice"):
+        bench.main([str(result_file), "--null", "again:sft_ppo", "--null", "again:sft_ppo",
+                    *out])
     with pytest.raises(SystemExit, match="or all between PPO runs"):
         bench.main([str(result_file), "--null", "again:sft_ppo",
                     "--compare", "lever:sft+lever:sft_ppo", *out])
     with pytest.raises(SystemExit):  # argparse: not ARM:ARM
         bench.main([str(result_file), "--null", "again", *out])
+
+
+def test_results_that_cannot_be_read_are_refused(bench, tmp_path):
+    def refused(runs: list[dict], match: str, null: str = "again:sft_ppo") -> None:
+        path = tmp_path / "gain.json"
+        path.write_text(json.dumps({"seeds": [r["seed"] for r in runs], "val_games": 10,
+                                    "runs": runs}))
+        with pytest.raises(SystemExit, match=match):
+            bench.main([str(path), "--null", null, "--out", str(tmp_path / "n.json")])
+
+    refused([], "no runs")
+    refused([run(0, 5, 6, again=6), run(1, 5, 7)], "seed 1: no arm 'again'")
+    refused([run(0, 5, 6, again=6), run(1, 5, 7, again=7)], "never differ")
+    uneven = run(0, 5, 6, again=6)
+    uneven["levers"]["again"]["wins"] = won(6, games=12)
+    refused([uneven], "different games")
