@@ -169,11 +169,8 @@ def paired_over_seeds(a: list[list[bool]], b: list[list[bool]]) -> dict[str, Any
 
 def seed_interval(per_seed: list[float]) -> list[float] | None:
     """Student's t 95% interval of the mean of ``per_seed`` differences of rates (fractions,
-    so the interval is kept inside [-1, 1]); None for one."""
-    n = len(per_seed)
-    if n < 2:
+    so the interval is kept inside [-1, 1]): :func:`mean_difference` with t's quantile in
+    place of z's; None for one."""
+    if len(per_seed) < 2:
         return None
-    mean = sum(per_seed) / n
-    sd = math.sqrt(sum((d - mean) ** 2 for d in per_seed) / (n - 1))
-    half = student_t_95(n - 1) * sd / math.sqrt(n)
-    return [max(-1.0, mean - half), min(1.0, mean + half)]
+    return list(mean_difference(per_seed, student_t_95(len(per_seed) - 1))[1])

@@ -58,10 +58,7 @@ def parse_pairs(text: str) -> tuple[tuple[str, str], ...]:
 
 def checked(result: dict[str, Any], arms: set[str]) -> None:
     """Every run holds every arm named, each on the same number of games."""
-    runs = result.get("runs") or []
-    if not runs:
-        raise SystemExit("this result has no runs")
-    for run in runs:
+    for run in result["runs"]:
         known = set(ARMS) | set(run.get("levers", {}))
         if missing := sorted(arms - known):
             raise SystemExit(f"seed {run['seed']}: no arm {', '.join(map(repr, missing))}; "
@@ -139,11 +136,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--out", default="bench_results/run_noise.json")
     args = parser.parse_args(argv)
     result = json.loads(args.result.read_text())
-    checked(result, {arm for pair in (*args.null, *(p for c in args.compare for p in c))
+    if not result.get("runs"):
+        raise SystemExit("this result has no runs")
+    levers = result["runs"][0].get("levers", {})
+    compared = args.compare or [((lever, "sft_ppo"),) for lever in levers]
+    checked(result, {arm for pair in (*args.null, *(p for c in compared for p in c))
                      for arm in pair})
     noise = run_noise(result, args.null)
-    levers = list(result["runs"][0].get("levers", {}))
-    compared = args.compare or [((lever, "sft_ppo"),) for lever in levers]
     rows = {"+".join(f"{a}:{b}" for a, b in pairs): against_noise(pairs, result, noise)
             for pairs in compared}
     show(noise, rows, len(result["runs"]))

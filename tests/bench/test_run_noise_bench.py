@@ -107,3 +107,11 @@ def test_results_that_cannot_be_read_are_refused(bench, tmp_path):
     uneven = run(0, 5, 6, again=6)
     uneven["levers"]["again"]["wins"] = won(6, games=12)
     refused([uneven], "different games")
+
+
+def test_a_lever_of_the_first_seed_missing_on_another_is_refused(bench, tmp_path):
+    path = tmp_path / "gain.json"
+    runs = [run(0, 5, 6, again=8, lever=4), run(1, 5, 7, again=6)]  # seed 1 has no `lever`
+    path.write_text(json.dumps({"seeds": [0, 1], "val_games": 10, "runs": runs}))
+    with pytest.raises(SystemExit, match="seed 1: no arm 'lever'"):  # every lever by default
+        bench.main([str(path), "--null", "again:sft_ppo", "--out", str(tmp_path / "n.json")])
