@@ -75,7 +75,8 @@ class Panel:
 PANELS = (
     Panel("held-out success", ("val/*/success",), "success rate (greedy)", "rate", True),
     Panel("training success", ("train/*/success",), "success rate (sampled)", "rate", True),
-    Panel("critic explained variance", ("critic/vf_explained_var", "critic/head_explained_var"),
+    Panel("critic explained variance", ("critic/vf_explained_var", "critic/mc_explained_var",
+                                           "critic/head_explained_var"),
           "explained variance (1 = exact)", "explained"),
     Panel("clip fraction", ("actor/pg_clipfrac",), "share of tokens clipped", "share"),
     Panel("KL", ("actor/approx_kl", "actor/ppo_kl", "actor/kl", "actor/kl_loss"),

@@ -160,12 +160,15 @@ class PPOUpdate:
                                                           config.critic.cliprange_value)
             metrics.update(critic_metrics)
             scored["values"] = self._first_pass_values
-        advantages = returns = None
+        advantages = returns = to_go = None
         gae_values = scored.get("values")
+        blended = gae_values is not None and bool(config.critic.sibling_pseudocount)
         if all_finite(rewards):
             with timer("advantages"):
-                if gae_values is not None and config.critic.sibling_pseudocount:
-                    gae_values = self._with_sibling_values(batch, gae_values, metrics)
+                if gae_values is not None:
+                    to_go = self._returns_to_go(batch, mask)
+                if blended:
+                    gae_values = self._with_sibling_values(batch, gae_values, to_go, metrics)
                 advantages, returns = self._advantages(rewards, mask, gae_values,
                                                        batch["group_index"], batch["episode_index"])
         if advantages is None or not all_finite(advantages, returns):
@@ -193,8 +196,10 @@ class PPOUpdate:
         metrics["critic/returns_mean"] = float((returns * mask).sum() / mask.sum().clamp(min=1))
         if gae_values is not None:  # the values GAE read: the critic's, or blended
             metrics["critic/vf_explained_var"] = explained_variance(returns, gae_values, mask)
+            # below lam 1 GAE's returns contain the values themselves: this one does not
+            metrics["critic/mc_explained_var"] = explained_variance(to_go, gae_values, mask)
             metrics.update(value_error_moments(returns, gae_values, mask))
-        if gae_values is not scored.get("values"):  # blended: the critic's own, beside
+        if blended:  # the critic's own, beside
             metrics["critic/head_explained_var"] = explained_variance(returns, scored["values"],
                                                                       mask)
         metrics["actor/advantages_mean"] = float((advantages * mask).sum() / mask.sum().clamp(min=1))
@@ -346,18 +351,22 @@ class PPOUpdate:
             norm_adv_by_std_in_grpo=algo.norm_adv_by_std_in_grpo, episode_index=episode_index,
             gamma_unit=algo.gamma_unit)
 
+    def _returns_to_go(self, batch: dict[str, torch.Tensor], mask: torch.Tensor) -> torch.Tensor:
+        """Monte-Carlo returns-to-go (GAE with lambda 1 and no values), whatever
+        ``algorithm.lam`` is: what a value is meant to predict."""
+        rewards = batch["rewards"]
+        return self._advantages(rewards, mask, torch.zeros_like(rewards), batch["group_index"],
+                                batch["episode_index"], lam=1.0)[1]
+
     def _with_sibling_values(self, batch: dict[str, torch.Tensor], values: torch.Tensor,
-                             metrics: dict[str, float]) -> torch.Tensor:
+                             to_go: torch.Tensor, metrics: dict[str, float]) -> torch.Tensor:
         """``critic.sibling_pseudocount``: the critic's ``values`` blended with the mean
-        return-to-go of the group's other episodes from each turn's board
-        (:mod:`agentrl.trainers.sibling_values`); the returns-to-go are Monte-Carlo (GAE with
-        lambda 1), whatever ``algorithm.lam`` is."""
+        Monte-Carlo return-to-go (``to_go``) of the group's other episodes from each turn's
+        board (:mod:`agentrl.trainers.sibling_values`)."""
         if "state_ids" not in batch:
             raise ValueError("critic.sibling_pseudocount needs the batch's state_ids "
                              "(to_batch(..., state_ids=True))")
         mask = batch["response_mask"].float()
-        to_go = self._advantages(batch["rewards"], mask, torch.zeros_like(values),
-                                 batch["group_index"], batch["episode_index"], lam=1.0)[1]
         if not bool((batch["state_ids"] >= 0).any()) and not self._warned_no_boards:
             log.warning("critic.sibling_pseudocount: no turn of this batch recorded its board "
                         "(Turn.state), so no value is blended: the preset's game gives none")

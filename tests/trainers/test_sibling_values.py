@@ -110,6 +110,23 @@ def test_the_values_gae_reads_learn_from_siblings_and_the_critic_is_reported_bes
     assert plain["critic/vf_explained_var"] == pytest.approx(metrics["critic/head_explained_var"])
 
 
+def test_below_lambda_one_the_values_are_also_scored_against_whole_returns(tmp_path):
+    """At lam < 1 GAE's returns lean on the values themselves, so ``vf_explained_var`` can
+    credit a critic for agreeing with itself; ``mc_explained_var`` scores the same values
+    against the Monte-Carlo returns-to-go. At lam 1 the two are one number."""
+    trajectories = [episode(g, ["A", "B", "C"], [0.0, 1.0 if i else 0.0, 3.0 if g else -3.0],
+                            seed=2 * g + i) for g in (0, 1) for i in (0, 1)]
+    batch = to_batch(trajectories, pad_token_id=0, state_ids=True)
+    turn = ("critic.sibling_pseudocount=1", "algorithm.gamma_unit=turn")
+    whole = tiny_trainer(tmp_path / "whole", *turn).updater.update(batch, StageTimer())
+    assert whole["critic/mc_explained_var"] == pytest.approx(whole["critic/vf_explained_var"])
+    lam = tiny_trainer(tmp_path / "lam", *turn, "algorithm.lam=0.5").updater.update(
+        batch, StageTimer())
+    assert lam["critic/vf_explained_var"] > lam["critic/mc_explained_var"] + 0.05
+    # the same critic and siblings give the same values: scored against whole returns alike
+    assert lam["critic/mc_explained_var"] == pytest.approx(whole["critic/mc_explained_var"])
+
+
 def test_sibling_values_need_a_critic_and_are_the_local_engines():
     with pytest.raises(ValueError, match="critic.sibling_pseudocount"):
         compose_config(["critic.sibling_pseudocount=2", "algorithm.adv_estimator=grpo"])
