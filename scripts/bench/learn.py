@@ -794,15 +794,15 @@ def health(run_dir: Path, steps: tuple[int, int | None] = (1, None)) -> dict[str
     return health_of(read_metrics(run_dir / "metrics.jsonl"), steps)
 
 
-def health_of(records: list[dict[str, Any]], steps: tuple[int, int | None] = (1, None)
-              ) -> dict[str, float | None]:
-    """:func:`health` of records already read."""
+def health_of(records: list[dict[str, Any]], steps: tuple[int, int | None] = (1, None),
+              keys: tuple[str, ...] = HEALTH) -> dict[str, float | None]:
+    """:func:`health` of records already read (of other metrics: ``keys``)."""
     first, last = steps
     chosen = [r for r in records
               if r.get("step", 0) >= max(first, 1) and (last is None or r["step"] <= last)]
     return {key: (statistics.fmean(values) if (values := [r[key] for r in chosen
                                                             if r.get(key) is not None]) else None)
-            for key in HEALTH}
+            for key in keys}
 
 
 def run_recipe(configs: Configs, name: str, seed: int, before: dict[str, Any],

@@ -127,6 +127,9 @@ def ppo_arm(args: argparse.Namespace, seed: int, warm: dict[str, Any], model: st
             "explained_variance_from_step_5": LEARN.health_of(records, (EV_FROM, None))[
                 "critic/vf_explained_var"],
             "explained_variance_pooled": LEARN.pooled_explained_variance(records),
+            # the same values against Monte-Carlo returns (below lambda 1 GAE's returns hold them)
+            "mc_explained_variance_from_step_5": LEARN.health_of(
+                records, (EV_FROM, None), ("critic/mc_explained_var",))["critic/mc_explained_var"],
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 

@@ -76,6 +76,7 @@ def test_a_smoke_run_writes_the_json_and_reads_its_stages_back(bench, tmp_path, 
     assert run["ppo_steps"] == 1 and set(run["mcnemar"]) == {"only_a", "only_b", "p"}
     assert run["health"]["actor/entropy"] is not None  # the PPO run's health, read back
     assert run["explained_variance_from_step_5"] is None  # one step: none from step 5 on
+    assert run["mc_explained_variance_from_step_5"] is None  # likewise, against whole returns
     lever = run["levers"]["two_passes"]  # the lever's PPO run, on the same games
     assert lever["gain"] == pytest.approx(lever["success"] - run["sft"])
     assert lever["vs_sft_ppo"]["gain"] == pytest.approx(lever["success"] - run["sft_ppo"])
