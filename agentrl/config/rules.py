@@ -30,13 +30,11 @@ def _check_critic(config: Any) -> None:
         raise ValueError(f"critic.head_hidden={config.critic.head_hidden} is not allowed with "
                          "critic.head_fit='ridge' (a closed-form fit is of a linear head); "
                          "allowed: 0, or head_fit='gradient'")
-    if config.critic.sibling_pseudocount and config.algorithm.adv_estimator != "gae":
-        raise ValueError(f"critic.sibling_pseudocount={config.critic.sibling_pseudocount} is "
-                         f"not allowed with algorithm.adv_estimator="
-                         f"{config.algorithm.adv_estimator!r} (no values to blend); allowed: "
-                         "null, or adv_estimator='gae'")
+    # without GAE there is no critic: its keys, the CPU preset's sibling values included, are
+    # unused, so the preset runs GRPO as it is
     algo = config.algorithm
-    if config.critic.sibling_pseudocount and algo.gamma_unit == "token" and algo.gamma != 1.0:
+    if (config.critic.sibling_pseudocount and algo.adv_estimator == "gae"
+            and algo.gamma_unit == "token" and algo.gamma != 1.0):
         raise ValueError(f"critic.sibling_pseudocount={config.critic.sibling_pseudocount} is "
                          f"not allowed with algorithm.gamma={algo.gamma} per token (a sibling's "
                          "return is discounted by its own reply's length); allowed: null, "

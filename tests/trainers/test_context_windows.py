@@ -114,7 +114,9 @@ def test_a_training_step_logs_the_logprob_gap_of_windowed_episodes(gamma_unit, t
                  "train.group_size=2", "rollout.max_new_tokens=8", "threads=1",
                  "agents.simpleSokobanAgent.history_window=1",
                  "agents.simpleSokobanAgent.max_turns=3", "algorithm.gamma=0.9",
-                 f"algorithm.gamma_unit={gamma_unit}", "trainer.logger=[]", "trainer.plot=false",
+                 f"algorithm.gamma_unit={gamma_unit}", "algorithm.lam=1.0",
+                 "critic.sibling_pseudocount=null",  # siblings refuse a per-token discount
+                 "trainer.logger=[]", "trainer.plot=false",
                  f"run_dir={tmp_path}"]
     trainer = LocalTrainer(compose_config(overrides))
     try:

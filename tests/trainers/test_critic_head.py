@@ -7,8 +7,9 @@ small rest. A zero-initialised linear head on the raw features, at the CPU prese
 pass a step, explained nothing on the committed runs (vf_explained_var in [-0.19, 0.08]);
 the synthetic features below have the same geometry, and a head on standardised features with
 passes of its own must explain their returns within the PPO steps the issue measures (5-20).
-On the real runs no head explained the next step's returns (docs/results/learning.md, "A critic
-that explains returns"), so the CPU preset keeps the raw linear head; these keys are levers."""
+On the real runs no gradient-trained head explained the next step's returns
+(docs/results/learning.md, "A critic that explains returns"); the CPU preset's critic is the
+ridge head with sibling values (its tests below and in test_sibling_values); the rest are levers."""
 
 from __future__ import annotations
 
@@ -23,6 +24,7 @@ from agentrl.trainers.ppo_update import (PPOUpdate, explained_variance,
                                          pooled_explained_variance, value_error_moments)
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.value_fit import RidgeValueFit
+from update_fixtures import GRADIENT_CRITIC
 
 HIDDEN = 64
 ROWS, WIDTH = 8, 24  # a step: 8 episodes, 24 model tokens each
@@ -60,9 +62,10 @@ class SharedDirectionStates:
 
 
 def critic_updater(*overrides: str) -> PPOUpdate:
-    """The CPU preset's critic (a head on the actor's backbone) with its optimizer, as
-    :class:`agentrl.trainers.local.LocalTrainer` builds it, on ``HIDDEN``-wide features."""
-    config = compose_config(["model=tiny", "trainer.logger=[]", *overrides])
+    """A critic on the actor's backbone, its head trained by gradient unless ``overrides`` say
+    otherwise, with its optimizer, as :class:`agentrl.trainers.local.LocalTrainer` builds it,
+    on ``HIDDEN``-wide features."""
+    config = compose_config(["model=tiny", "trainer.logger=[]", *GRADIENT_CRITIC, *overrides])
     c = config.critic
     critic = ValueModel(torch.nn.Identity(), HIDDEN, shared=True, head_hidden=c.head_hidden,
                         standardize=c.standardize_features or c.head_fit == "ridge")

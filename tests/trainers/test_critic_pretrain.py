@@ -13,7 +13,7 @@ from agentrl.config import compose_config
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.ppo_update import explained_variance
 from agentrl.trainers.timing import StageTimer
-from update_fixtures import tiny_trainer, two_turn_batch
+from update_fixtures import GRADIENT_CRITIC, tiny_trainer, two_turn_batch
 
 
 def weights(module: torch.nn.Module) -> list[torch.Tensor]:
@@ -32,7 +32,7 @@ def bandit_config(run_dir, *overrides: str):
         "train.group_num=2", "train.group_size=2", "rollout.max_new_tokens=4", "actor.lr=1e-2",
         "critic.lr=1e-2", "threads=1",
         "rollout.drop_uniform_groups=false",  # every step updates, whatever the games' outcomes
-        *overrides])
+        *GRADIENT_CRITIC, *overrides])
 
 
 @pytest.mark.parametrize("epochs", [1, 2])  # 2: old log-probs from a pass of their own

@@ -12,6 +12,7 @@ from agentrl.trainers import sft
 from agentrl.trainers.local import LocalTrainer
 from agentrl.trainers.moments import carry_moments
 from test_sft import sft_config
+from update_fixtures import at_verl_values
 
 
 def _adamw(params, lr=1e-2):
@@ -126,7 +127,5 @@ def test_moments_with_lora_or_on_verl_are_refused(tmp_path, key):
     with pytest.raises(ValueError, match=f"{key}=true is not allowed with lora.rank=4"):
         build_config({**data, "lora": {"rank": 4, "alpha": 8}})
     with pytest.raises(ValueError, match=f"{key}=True is not allowed with backend='verl'"):
-        build_config({**data, "backend": "verl", "model": {**data["model"], "name": str(tmp_path)},
-                      # the CPU preset's local-only keys at verl's values
-                      "critic": {**data["critic"], "share_backbone": False},
-                      "rollout": {**data["rollout"], "drop_uniform_groups": False}})
+        build_config({**at_verl_values(data), "backend": "verl",
+                      "model": {**data["model"], "name": str(tmp_path)}})

@@ -12,7 +12,7 @@ from agentrl.config import build_config, compose_config
 from agentrl.trainers import ppo
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.update_loop import KL_TERM, UpdateShape, run_epochs
-from update_fixtures import tiny_trainer, two_turn_batch
+from update_fixtures import at_verl_values, tiny_trainer, two_turn_batch
 
 
 def drifting_loss(weight: torch.nn.Parameter):
@@ -141,10 +141,8 @@ VERL_VALUES = {"actor.target_kl": None, "critic.ppo_mini_batch_size": None,
                                        ("critic.standardize_features", True),
                                        ("critic.head_hidden", 8)])
 def test_verl_refuses_the_local_keys(tmp_path, key, value):
-    data = compose_config(["model=tiny"]).to_dict()
+    data = at_verl_values(compose_config(["model=tiny"]).to_dict())
     data.update(backend="verl", model={**data["model"], "name": str(tmp_path)})
-    data["critic"]["share_backbone"] = False  # the CPU preset's local-only keys: verl's values
-    data["rollout"]["drop_uniform_groups"] = False
     for setting, allowed in VERL_VALUES.items():
         section, name = setting.split(".")
         data[section][name] = allowed

@@ -127,13 +127,18 @@ def test_below_lambda_one_the_values_are_also_scored_against_whole_returns(tmp_p
     assert lam["critic/mc_explained_var"] == pytest.approx(whole["critic/mc_explained_var"])
 
 
-def test_sibling_values_need_a_critic_and_are_the_local_engines():
-    with pytest.raises(ValueError, match="critic.sibling_pseudocount"):
-        compose_config(["critic.sibling_pseudocount=2", "algorithm.adv_estimator=grpo"])
+def test_sibling_values_are_the_local_engines_critics_and_unused_without_one(tmp_path):
+    # GRPO has no critic: the CPU preset's sibling values do not stop it, and nothing blends
+    grpo = tiny_trainer(tmp_path, "critic.sibling_pseudocount=2", "algorithm.adv_estimator=grpo")
+    assert grpo.critic is None
+    batch = to_batch([episode(0, ["A"], [1.0]), episode(0, ["A"], [2.0], seed=1)],
+                     pad_token_id=0)  # no board ids: a blend would refuse it
+    assert "critic/sibling_share" not in grpo.updater.update(batch, StageTimer())
     with pytest.raises(ValueError, match="critic.sibling_pseudocount"):
         compose_config(["critic.sibling_pseudocount=0"])
     with pytest.raises(ValueError, match="algorithm.gamma_unit='turn'"):
-        compose_config(["critic.sibling_pseudocount=2", "algorithm.gamma=0.99"])
+        compose_config(["critic.sibling_pseudocount=2", "algorithm.gamma=0.99",
+                        "algorithm.gamma_unit=token"])
     assert compose_config(["critic.sibling_pseudocount=2", "algorithm.gamma=0.99",
                            "algorithm.gamma_unit=turn"]).critic.sibling_pseudocount == 2
     with pytest.raises(ValueError, match="critic.sibling_pseudocount=2.0 is not allowed with "

@@ -11,11 +11,29 @@ from agentrl.rollout.records import Trajectory
 from agentrl.trainers.local import LocalTrainer
 
 
+GRADIENT_CRITIC = ("critic.head_fit=gradient", "critic.sibling_pseudocount=null",
+                   "algorithm.gamma_unit=token", "algorithm.lam=1.0")
+"""The critic the update's mechanics are checked with: a value head trained by its own passes,
+read by GAE at lambda 1 (the CPU preset's ridge head and sibling values have tests of their own,
+which name them)."""
+
+
+def at_verl_values(data: dict) -> dict:
+    """A config dict with the CPU preset's local-engine keys at the values verl runs."""
+    return {**data,
+            "critic": {**data["critic"], "share_backbone": False, "head_fit": "gradient",
+                       "sibling_pseudocount": None},
+            "rollout": {**data["rollout"], "drop_uniform_groups": False},
+            "algorithm": {**data["algorithm"], "lam": 1.0}}
+
+
 def tiny_trainer(tmp_path, *overrides: str) -> LocalTrainer:
-    """A LocalTrainer on the tiny model (no rollout is played unless asked)."""
+    """A LocalTrainer on the tiny model (no rollout is played unless asked), with
+    :data:`GRADIENT_CRITIC` unless ``overrides`` say otherwise."""
     return LocalTrainer(compose_config([
         "model=tiny", f"run_dir={tmp_path / 'run'}", "threads=1", "seed=1", "trainer.logger=[]",
-        "trainer.plot=false", "train.group_num=2", "train.group_size=2", *overrides]))
+        "trainer.plot=false", "train.group_num=2", "train.group_size=2", *GRADIENT_CRITIC,
+        *overrides]))
 
 
 def two_turn_batch(n: int = 4, vocab: int = 1000, seed: int = 0, *,
