@@ -413,7 +413,7 @@ class LocalTrainer:
                 kept = step_advantages(kept, turn_gamma)
             kept = normalize_returns(kept, r.grouping, r.norm_method)
             batch = to_batch(kept, self.pad_token_id, r.reward_placement,
-                             state_ids=config.critic.sibling_pseudocount is not None)
+                             state_ids=self.needs_board_ids)
             if algo.lost_group_advantage:
                 batch["lost_group"] = lost_group_rows(batch["group_index"], kept)
         metrics["train/training_samples"] = float(batch["responses"].shape[0])
@@ -440,6 +440,12 @@ class LocalTrainer:
         """Whether the rollout asks the oracle its distance after every turn (a search each)."""
         algo = self.config.algorithm
         return bool(algo.distance_shaping) or algo.skip_after_missed_moves
+
+    @property
+    def needs_board_ids(self) -> bool:
+        """Whether a batch carries each reply's board id (``state_ids``): sibling values read
+        them, and only a critic's values are blended."""
+        return self.critic is not None and self.config.critic.sibling_pseudocount is not None
 
     def rollout(self, presets, seeds, group_size, sampling, desc: str, branches: int = 0):
         """Play ``group_size`` episodes of every seed in ``seeds`` with the current weights (one

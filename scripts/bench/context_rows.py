@@ -159,8 +159,8 @@ def main(argv: list[str] | None = None) -> dict:
                                           group_size=t.group_size))
                 step_tokens[name] = row_tokens(played)
                 batches[name] = to_batch(played, trainer.pad_token_id,
-                                         config.rollout.reward_placement,  # as the trainer does:
-                                         state_ids=config.critic.sibling_pseudocount is not None)
+                                         config.rollout.reward_placement,
+                                         state_ids=trainer.needs_board_ids)
             timing = time_updates(trainer, batches, t.group_num * t.group_size, args.repeats)
         finally:
             trainer.close()

@@ -101,6 +101,7 @@ def test_the_values_gae_reads_learn_from_siblings_and_the_critic_is_reported_bes
                     for g in (0, 1) for i in (0, 1)]
     batch = to_batch(trajectories, pad_token_id=0, state_ids=True)
     trainer = tiny_trainer(tmp_path, "critic.sibling_pseudocount=0.01")
+    assert trainer.needs_board_ids
     metrics = trainer.updater.update(batch, StageTimer())
     assert metrics["critic/vf_explained_var"] > 0.99
     assert metrics["critic/head_explained_var"] < 0.5
@@ -130,7 +131,7 @@ def test_below_lambda_one_the_values_are_also_scored_against_whole_returns(tmp_p
 def test_sibling_values_are_the_local_engines_critics_and_unused_without_one(tmp_path):
     # GRPO has no critic: the CPU preset's sibling values do not stop it, and nothing blends
     grpo = tiny_trainer(tmp_path, "critic.sibling_pseudocount=2", "algorithm.adv_estimator=grpo")
-    assert grpo.critic is None
+    assert grpo.critic is None and not grpo.needs_board_ids  # its batches skip the board ids
     batch = to_batch([episode(0, ["A"], [1.0]), episode(0, ["A"], [2.0], seed=1)],
                      pad_token_id=0)  # no board ids: a blend would refuse it
     assert "critic/sibling_share" not in grpo.updater.update(batch, StageTimer())
