@@ -14,6 +14,7 @@ ridge head with sibling values (its tests below and in test_sibling_values); the
 from __future__ import annotations
 
 import math
+import warnings
 
 import pytest
 import torch
@@ -24,7 +25,8 @@ from agentrl.trainers.ppo_update import (PPOUpdate, explained_variance,
                                          pooled_explained_variance, value_error_moments)
 from agentrl.trainers.timing import StageTimer
 from agentrl.trainers.value_fit import RidgeValueFit
-from update_fixtures import GRADIENT_CRITIC
+
+from update_fixtures import GRADIENT_CRITIC, tiny_trainer, two_turn_batch
 
 HIDDEN = 64
 ROWS, WIDTH = 8, 24  # a step: 8 episodes, 24 model tokens each
@@ -173,6 +175,19 @@ def test_a_ridge_refit_needs_two_games_and_a_linear_head():
     fit.add(*memorable_games(2, torch.Generator().manual_seed(1)))
     with pytest.raises(TypeError, match="Linear"):
         fit.refit(value_head(HIDDEN, hidden=8, standardize=True))
+
+
+def test_a_ridge_head_takes_no_optimizer_step_so_its_schedule_does_not_step(tmp_path):
+    """The closed-form refit trains no parameter by gradient: stepping the critic's learning-rate
+    schedule anyway made torch warn on every CPU preset run ("lr_scheduler.step() before
+    optimizer.step()") and moved a schedule nothing follows."""
+    trainer = tiny_trainer(tmp_path, "critic.head_fit=ridge")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        metrics = trainer.updater.update(two_turn_batch(), StageTimer())
+    assert metrics["critic/ridge_games"] == 2  # the head was refit
+    assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
+    assert trainer.critic_sched.last_epoch == 0
 
 
 def test_the_window_forgets_the_oldest_step():
