@@ -142,6 +142,7 @@ def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
                                           "flawed": flawed["demonstrations"]},
             "ppo_steps": ppo["steps"], "ppo_train_minutes": ppo["train_minutes"],
             "ppo_validation": ppo["after"], "health": LEARN.health(ppo_folder),
+            **LEARN.critic_marks(LEARN.read_metrics(ppo_folder / "metrics.jsonl")),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 

@@ -788,6 +788,22 @@ HEALTH = ("critic/vf_explained_var", "actor/pg_clipfrac", "actor/ppo_kl", "actor
 the clip fraction, the KL of the update, the entropy per real choice."""
 
 
+EV_FROM = 5
+"""The critic's explained variance is averaged from this PPO step on (its first steps fit)."""
+
+
+def critic_marks(records: list[dict[str, Any]]) -> dict[str, float | None]:
+    """The critic's marks (the issue's) from a PPO run's metrics: the values GAE read, scored
+    against GAE's returns and (below lambda 1 those returns hold the values themselves) against
+    Monte-Carlo returns-to-go, averaged from step :data:`EV_FROM` on; and the first pooled over
+    all steps."""
+    later = (EV_FROM, None)
+    return {"explained_variance_from_step_5": health_of(records, later)[HEALTH[0]],
+            "explained_variance_pooled": pooled_explained_variance(records),
+            "mc_explained_variance_from_step_5": health_of(
+                records, later, ("critic/mc_explained_var",))["critic/mc_explained_var"]}
+
+
 def health(run_dir: Path, steps: tuple[int, int | None] = (1, None)) -> dict[str, float | None]:
     """A PPO run's mean :data:`HEALTH` numbers over its steps ``steps[0]..steps[1]`` (inclusive;
     None: to its last) from its ``metrics.jsonl``; None where never logged."""

@@ -141,6 +141,7 @@ def run_seed(configs: Any, seed: int) -> dict[str, Any]:
             "pool_after_wins": after, "held_out_warm_start": warm["after"],
             "held_out_after": ppo["after"], "ppo_steps": ppo["steps"],
             "ppo_train_minutes": ppo["train_minutes"], "health": LEARN.health(folder),
+            **LEARN.critic_marks(LEARN.read_metrics(folder / "metrics.jsonl")),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 

@@ -58,8 +58,6 @@ LEARN = script_module(Path(__file__).parent / "learn.py")
 MODELS = ("sft", "sft_ppo")
 GOAL = 0.10
 """The mean paired gain of ``sft_ppo`` over ``sft`` the issue asks for."""
-EV_FROM = 5
-"""The critic's explained variance is averaged from this PPO step on (its first steps fit)."""
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
@@ -122,14 +120,7 @@ def ppo_arm(args: argparse.Namespace, seed: int, warm: dict[str, Any], model: st
                                  / "metrics.jsonl")
     return {"success": played["success"], "wins": played["wins"], "ppo_steps": ppo["steps"],
             "ppo_train_minutes": ppo["train_minutes"], "ppo_validation": ppo["after"],
-            "health": LEARN.health_of(records),
-            # the critic's mark (the issue's): its explained variance averaged from step 5 on
-            "explained_variance_from_step_5": LEARN.health_of(records, (EV_FROM, None))[
-                "critic/vf_explained_var"],
-            "explained_variance_pooled": LEARN.pooled_explained_variance(records),
-            # the same values against Monte-Carlo returns (below lambda 1 GAE's returns hold them)
-            "mc_explained_variance_from_step_5": LEARN.health_of(
-                records, (EV_FROM, None), ("critic/mc_explained_var",))["critic/mc_explained_var"],
+            "health": LEARN.health_of(records), **LEARN.critic_marks(records),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 
@@ -256,7 +247,7 @@ def show(result: dict[str, Any]) -> None:
     print(f"mean gain {m['gain']:+.1%}{spread} ({verdict} the goal of {GOAL:+.0%}); "
           f"{result['val_games']} held-out games ({result['split']} split) a model, greedy, "
           "paired. Per seed: won/lost = games only PPO / only the warm start won, McNemar's p; "
-          f"EV from step {EV_FROM} on, clip, KL and entropy per real choice over all steps; "
+          f"EV from step {LEARN.EV_FROM} on, clip, KL and entropy per real choice over all steps; "
           "mean rows: "
           "each game's difference averaged over the seeds (the same games every seed), "
           "better/worse = games PPO won on more / fewer seeds, the sign test's p; seeds as "

@@ -75,6 +75,7 @@ def test_a_smoke_run_writes_the_json_and_reads_its_stages_back(bench, tmp_path, 
         assert set(run["mcnemar"][pair]) == {"only_a", "only_b", "p"}
         assert 0 <= run["mcnemar"][pair]["p"] <= 1
     assert run["ppo_steps"] == 1
+    assert run["mc_explained_variance_from_step_5"] is None  # one step: none from step 5 on
     assert run["flawed"] == sum(run["wins"]["flawed"]) / 2
     assert result["gap_closed"] == bench.gap_closed(*(result["mean"][name] for name in
                                                       ("clean", "flawed", "flawed_ppo")))

@@ -46,5 +46,8 @@ def test_a_smoke_run_writes_each_seeds_pool_before_and_after(bench, tmp_path, on
     assert written["mastered"] == int(run["pool_after"] >= 7 / 8)
     assert run["ppo_steps"] == 1
     assert set(run["health"]) == set(bench.HEALTH) and run["health"]["actor/entropy"] > 0
+    # the critic's marks, as the learning benchmark's: one step gives none from step 5 on
+    assert run["explained_variance_from_step_5"] is None
+    assert run["mc_explained_variance_from_step_5"] is None and "explained_variance_pooled" in run
     assert run["held_out_after"]["episodes"] == 2
     assert Path(written["plot"]).stat().st_size > 0
