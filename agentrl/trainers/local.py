@@ -136,7 +136,7 @@ class LocalTrainer:
         if config.actor.warm_optimizer and not config.train.sft_steps:  # an agentrl sft model
             carry_moments(saved_moments(config.model.name), self.actor_optim)
         self.critic_optim = self.critic_sched = None
-        if self.critic is not None:
+        if self.critic is not None and c.head_fit == "gradient":  # ridge: refit, never stepped
             self.critic_optim, self.critic_sched = self._optimizer(
                 self.critic.trainable_parameters(), config.critic)
         self.updater = PPOUpdate(
@@ -305,6 +305,7 @@ class LocalTrainer:
             tensors["reference"] = reference
         if self.critic is not None:
             tensors["critic"] = self.critic.state_dict()
+        if self.critic_optim is not None:
             state["critic_optim"] = self.critic_optim.state_dict()
             state["critic_sched"] = self.critic_sched.state_dict()
         path = save_checkpoint(run_dir, self.step, models={"actor": (self.actor, self.tokenizer)},
@@ -340,6 +341,7 @@ class LocalTrainer:
         self.actor_sched.load_state_dict(state["actor_sched"])
         if self.critic is not None:
             self.critic.load_state_dict(loaded.tensors["critic"])
+        if self.critic_optim is not None:
             self.critic_optim.load_state_dict(state["critic_optim"])
             self.critic_sched.load_state_dict(state["critic_sched"])
         restore_rng_state(state["rng"], {"llm": self.llm.generator})

@@ -227,7 +227,7 @@ class PPOUpdate:
         old = scored.get("old")
         if old is not None and all_finite(old):  # a first pass stopped by a non-finite loss
             metrics.update(logprob_gap(batch["rollout_log_probs"], old, mask))  # has gaps
-        if self.critic_sched is not None and self.value_fit is None:  # a refit takes no step
+        if self.critic_sched is not None:
             self.critic_sched.step()
         metrics["actor/lr"] = self.actor_sched.get_last_lr()[0]
         metrics["guard/skipped_updates"] = float(skipped)

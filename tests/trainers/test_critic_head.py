@@ -177,17 +177,22 @@ def test_a_ridge_refit_needs_two_games_and_a_linear_head():
         fit.refit(value_head(HIDDEN, hidden=8, standardize=True))
 
 
-def test_a_ridge_head_takes_no_optimizer_step_so_its_schedule_does_not_step(tmp_path):
-    """The closed-form refit trains no parameter by gradient: stepping the critic's learning-rate
-    schedule anyway made torch warn on every CPU preset run ("lr_scheduler.step() before
-    optimizer.step()") and moved a schedule nothing follows."""
+def test_a_ridge_head_has_no_optimizer_or_schedule_and_resumes_without_one(tmp_path):
+    """The closed-form refit trains no parameter by gradient: an optimizer and a learning-rate
+    schedule built for it anyway were stepped on every CPU preset run, and torch warned
+    ("lr_scheduler.step() before optimizer.step()"). A checkpoint carries the refit head alone."""
     trainer = tiny_trainer(tmp_path, "critic.head_fit=ridge")
+    assert trainer.critic_optim is None and trainer.critic_sched is None
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         metrics = trainer.updater.update(two_turn_batch(), StageTimer())
     assert metrics["critic/ridge_games"] == 2  # the head was refit
     assert not [w for w in caught if "lr_scheduler.step()" in str(w.message)]
-    assert trainer.critic_sched.last_epoch == 0
+    path = trainer.save(tmp_path / "run")
+    head = {k: v.clone() for k, v in trainer.critic.head.state_dict().items()}
+    resumed = tiny_trainer(tmp_path / "again", "critic.head_fit=ridge")
+    resumed._restore(path)
+    assert all(torch.equal(v, resumed.critic.head.state_dict()[k]) for k, v in head.items())
 
 
 def test_the_window_forgets_the_oldest_step():
