@@ -131,6 +131,7 @@ def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
     ppo = LEARN.ppo_stage(configs["flawed_ppo"], "sft_ppo", seed,
                           {**flawed, "train_minutes": 0.0})
     paired["flawed_ppo"] = paired_stage(configs, "flawed_ppo", seed, ppo)
+    records = LEARN.read_metrics(ppo_folder / "metrics.jsonl")
     wins = {name: paired[name]["wins"] for name in MODELS}
     success = {name: paired[name]["success"] for name in MODELS}
     return {"seed": seed, **success, "gap": success["clean"] - success["flawed"],
@@ -141,8 +142,8 @@ def run_seed(configs: dict[str, Any], seed: int) -> dict[str, Any]:
             "warm_start_demonstrations": {"clean": clean["demonstrations"],
                                           "flawed": flawed["demonstrations"]},
             "ppo_steps": ppo["steps"], "ppo_train_minutes": ppo["train_minutes"],
-            "ppo_validation": ppo["after"], "health": LEARN.health(ppo_folder),
-            **LEARN.critic_marks(LEARN.read_metrics(ppo_folder / "metrics.jsonl")),
+            "ppo_validation": ppo["after"], "health": LEARN.health_of(records),
+            **LEARN.critic_marks(records),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 

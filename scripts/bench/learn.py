@@ -804,15 +804,11 @@ def critic_marks(records: list[dict[str, Any]]) -> dict[str, float | None]:
                 records, later, ("critic/mc_explained_var",))["critic/mc_explained_var"]}
 
 
-def health(run_dir: Path, steps: tuple[int, int | None] = (1, None)) -> dict[str, float | None]:
-    """A PPO run's mean :data:`HEALTH` numbers over its steps ``steps[0]..steps[1]`` (inclusive;
-    None: to its last) from its ``metrics.jsonl``; None where never logged."""
-    return health_of(read_metrics(run_dir / "metrics.jsonl"), steps)
-
-
 def health_of(records: list[dict[str, Any]], steps: tuple[int, int | None] = (1, None),
               keys: tuple[str, ...] = HEALTH) -> dict[str, float | None]:
-    """:func:`health` of records already read (of other metrics: ``keys``)."""
+    """A PPO run's mean :data:`HEALTH` numbers (or other metrics: ``keys``) over its steps
+    ``steps[0]..steps[1]`` (inclusive; None: to its last) from its ``metrics.jsonl`` records;
+    None where never logged."""
     first, last = steps
     chosen = [r for r in records
               if r.get("step", 0) >= max(first, 1) and (last is None or r["step"] <= last)]

@@ -136,12 +136,13 @@ def run_seed(configs: Any, seed: int) -> dict[str, Any]:
                   pool, 1, greedy=True)
     after = play(config, pool, 1, greedy=True)
     folder = LEARN.stage_folder(args.run_dir, "sft_ppo", seed, lever[0])
+    records = LEARN.read_metrics(folder / "metrics.jsonl")
     return {"seed": seed, "pool": pool, "pool_sampled_wins": chosen["pool_sampled_wins"],
             "pool_before": sum(before) / len(pool), "pool_after": sum(after) / len(pool),
             "pool_after_wins": after, "held_out_warm_start": warm["after"],
             "held_out_after": ppo["after"], "ppo_steps": ppo["steps"],
-            "ppo_train_minutes": ppo["train_minutes"], "health": LEARN.health(folder),
-            **LEARN.critic_marks(LEARN.read_metrics(folder / "metrics.jsonl")),
+            "ppo_train_minutes": ppo["train_minutes"], "health": LEARN.health_of(records),
+            **LEARN.critic_marks(records),
             "val_curve": ppo["val_curve"], "train_curve": ppo["train_curve"]}
 
 
